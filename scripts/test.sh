@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install everything the tests need, then lint, type-check and run the whole suite.
+# This is the README's test command and exactly what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v redis-server >/dev/null 2>&1; then
+  # The Redis-backed tests start their own redis-server on a free loopback port.
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "redis-server is missing: install it (apt-get install redis-server) for the Redis tests" >&2
+  fi
+fi
+python -m pip install -q --disable-pip-version-check -e '.[test]'
+python -m ruff check src tests bench
+python -m mypy
+python -m pytest "$@"

@@ -1,0 +1,392 @@
+"""A sans-IO circuit breaker: a state machine fed with outcomes and the current time.
+
+State diagram::
+
+                failure-rate | slow-call-rate
+                (>= minimum_calls in the window)
+     +--------+ ----------------------------------> +------+ <-----------------+
+     | CLOSED |                                     | OPEN |                   |
+     +--------+ <--+                                +------+                   |
+                   |                                   |  open-elapsed         | probe-failed
+                   | probes-succeeded                  |  (now >= opened_at    | probe-slow
+                   | (half_open_probes successes)      v   + open_for)         |
+                   |                              +-----------+                |
+                   +----------------------------- | HALF_OPEN | ---------------+
+                                                  +-----------+
+
+    force_open() / force_closed() jump from any state (reason "forced").
+
+CLOSED admits every call and judges a sliding window of outcomes: once it holds ``minimum_calls`` calls
+and failures/calls >= ``failure_rate`` (or slow/calls >= ``slow_call_rate``, if ``slow_call_duration`` is
+set), it opens. The window is either the last ``window_size`` calls (a ring of outcomes) or the last
+``window_size`` seconds (a ring of one-second buckets, rolled lazily from ``now``); both keep running
+totals and memory bounded by ``window_size``. A record costs O(1); rolling the time window costs one step
+per elapsed second, capped at O(1) once a whole window has elapsed (the totals are simply zeroed).
+A call counts as slow when ``duration >= slow_call_duration``, whether it succeeded or failed.
+
+OPEN admits nothing until ``open_for`` seconds have passed; the next ``allow``/``state_at``/``record``
+call then moves it to HALF_OPEN. HALF_OPEN admits at most ``half_open_probes`` probes; the first probe
+that fails (or is slow, when slow calls are judged) reopens the breaker, and when all of them have
+succeeded it closes. The window is reset on entering OPEN and on entering CLOSED, so a verdict never rests
+on outcomes from before the last change. Without tokens the breaker cannot tell a probe from a call admitted
+before it opened, so it guesses: outcomes recorded in OPEN are ignored, and so are outcomes recorded in
+HALF_OPEN while no probe is in flight.
+
+What counts as a failure is the caller's business; the breaker only sees ``success``. The shells call
+``record(success=False)`` for a do-not-retry reply whose reason is ``overloaded`` (the target asked us to
+back off, which is exactly what the breaker is for) and ``release()`` for the client's own 4xx: that call
+says nothing about the target's health, but it may hold a half-open probe slot that must be freed.
+
+Time is an input (monotonic seconds), never read here. A ``now`` earlier than one already seen is treated
+as the latest time seen, so racy callers or a mixed-up clock cannot reorder history or reopen the past;
+a non-finite ``now`` is a bug in the caller and raises ``ValueError``.
+The object holds no lock; the shells serialise access to it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = ["Breaker", "BreakerPolicy", "State", "Transition"]
+
+_MAX_TRANSITIONS: Final = 64
+_MAX_COUNT_WINDOW: Final = 1_000_000  # calls: one byte each
+_MAX_TIME_WINDOW: Final = 86_400  # seconds: one day of buckets
+_FAIL: Final = 1
+_SLOW: Final = 2
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but window_size=True is a bug, not a window of one.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    window: Literal["count", "time"] = "count"
+    window_size: int = 100  # calls for a count window; whole seconds for a time window
+    minimum_calls: int = 20  # no verdict before the window holds this many calls
+    failure_rate: float = 0.5  # open when failures/calls >= this
+    slow_call_rate: float = 1.0  # open when slow/calls >= this (only if slow_call_duration is set)
+    slow_call_duration: float | None = None  # seconds; a call at least this slow is slow; None disables
+    open_for: float = 5.0  # seconds in OPEN before probes are admitted
+    half_open_probes: int = 3  # probes admitted in HALF_OPEN; all must succeed to close
+
+    def __post_init__(self) -> None:
+        if self.window not in ("count", "time"):
+            raise ValueError(f"breaker window must be 'count' or 'time', got {self.window!r}")
+        # The window's memory is allocated up front, so an absurd size is refused rather than honoured.
+        limit = _MAX_COUNT_WINDOW if self.window == "count" else _MAX_TIME_WINDOW
+        if not _is_int(self.window_size) or not 1 <= self.window_size <= limit:
+            raise ValueError(
+                f"breaker {self.window} window_size must be an int within 1..{limit}, got {self.window_size!r}"
+            )
+        if not _is_int(self.minimum_calls) or self.minimum_calls < 1:
+            raise ValueError(f"breaker minimum_calls must be an int >= 1, got {self.minimum_calls!r}")
+        if self.window == "count" and self.minimum_calls > self.window_size:
+            # A count window never holds more than window_size calls, so the breaker could never open.
+            raise ValueError(
+                f"breaker minimum_calls ({self.minimum_calls}) must not exceed a count window_size ({self.window_size})"
+            )
+        for name in ("failure_rate", "slow_call_rate"):
+            rate = getattr(self, name)
+            # Written so that NaN fails the check too.
+            if not _is_real(rate) or not 0 < rate <= 1:
+                raise ValueError(f"breaker {name} must be within (0, 1], got {rate!r}")
+        duration = self.slow_call_duration
+        if duration is not None and (not _is_real(duration) or not 0 < duration < math.inf):
+            raise ValueError(f"breaker slow_call_duration must be None or finite > 0, got {duration!r}")
+        if not _is_real(self.open_for) or not 0 < self.open_for < math.inf:
+            raise ValueError(f"breaker open_for must be finite > 0 seconds, got {self.open_for!r}")
+        if not _is_int(self.half_open_probes) or self.half_open_probes < 1:
+            raise ValueError(f"breaker half_open_probes must be an int >= 1, got {self.half_open_probes!r}")
+
+
+class State(enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    old: State
+    new: State
+    at: float  # when the change took effect (for open-elapsed: the deadline, not when it was noticed)
+    # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded or forced
+    reason: str
+
+
+class _Window:
+    """Running totals over the calls still inside the window."""
+
+    __slots__ = ("calls", "failures", "slow")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.failures = 0
+        self.slow = 0
+
+    def add(self, now: float, flags: int) -> None:
+        raise NotImplementedError
+
+    def roll(self, now: float) -> None:
+        """Drop what has aged out by ``now``; only time windows age."""
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class _CountWindow(_Window):
+    __slots__ = ("_filled", "_next", "_ring")
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self._ring = bytearray(size)  # one flags byte per call: the cheapest bounded history
+        self._next = 0
+        self._filled = 0
+
+    def add(self, now: float, flags: int) -> None:
+        ring = self._ring
+        if self._filled == len(ring):
+            old = ring[self._next]
+            self.calls -= 1
+            self.failures -= old & _FAIL
+            self.slow -= old >> 1
+        else:
+            self._filled += 1
+        ring[self._next] = flags
+        self._next = (self._next + 1) % len(ring)
+        self.calls += 1
+        self.failures += flags & _FAIL
+        self.slow += flags >> 1
+
+    def reset(self) -> None:
+        # O(1): stale bytes are only read as evictions once the ring is full again, and by then every
+        # slot has been overwritten.
+        self.calls = self.failures = self.slow = 0
+        self._next = 0
+        self._filled = 0
+
+
+class _TimeWindow(_Window):
+    __slots__ = ("_b_calls", "_b_failures", "_b_gen", "_b_sec", "_b_slow", "_gen", "_head", "_size")
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self._size = size
+        self._b_calls = [0] * size
+        self._b_failures = [0] * size
+        self._b_slow = [0] * size
+        self._b_sec = [0] * size  # the absolute second a bucket holds
+        self._b_gen = [-1] * size  # the reset generation it was written in; -1 = never written
+        self._gen = 0
+        self._head: int | None = None  # the latest second rolled to; the window is (head - size, head]
+
+    def roll(self, now: float) -> None:
+        self._roll_to(math.floor(now))
+
+    def _roll_to(self, sec: int) -> int:
+        head = self._head
+        if head is not None and sec <= head:
+            return head
+        if head is None or sec - head >= self._size:
+            self.calls = self.failures = self.slow = 0
+        else:
+            size = self._size
+            for s in range(head + 1, sec + 1):
+                i = s % size
+                # The bucket that shares s's slot ages out only if it really holds second s - size of
+                # this generation; anything older was already dropped by a reset or a long gap.
+                if self._b_gen[i] == self._gen and self._b_sec[i] == s - size:
+                    self.calls -= self._b_calls[i]
+                    self.failures -= self._b_failures[i]
+                    self.slow -= self._b_slow[i]
+        self._head = sec
+        return sec
+
+    def add(self, now: float, flags: int) -> None:
+        sec = self._roll_to(math.floor(now))
+        i = sec % self._size
+        if self._b_sec[i] != sec or self._b_gen[i] != self._gen:
+            self._b_calls[i] = self._b_failures[i] = self._b_slow[i] = 0
+            self._b_sec[i] = sec
+            self._b_gen[i] = self._gen
+        failed, slow = flags & _FAIL, flags >> 1
+        self._b_calls[i] += 1
+        self._b_failures[i] += failed
+        self._b_slow[i] += slow
+        self.calls += 1
+        self.failures += failed
+        self.slow += slow
+
+    def reset(self) -> None:
+        # O(1): bumping the generation orphans every bucket, which add() and roll() then ignore.
+        self._gen += 1
+        self.calls = self.failures = self.slow = 0
+
+
+class Breaker:
+    """One circuit breaker. Not thread-safe by design: the shells hold a lock around it."""
+
+    __slots__ = (
+        "_dropped",
+        "_now",
+        "_opened_at",
+        "_policy",
+        "_probes_admitted",
+        "_probes_succeeded",
+        "_state",
+        "_transitions",
+        "_window",
+    )
+
+    # A shared default is safe: the policy is frozen.
+    def __init__(self, policy: BreakerPolicy = BreakerPolicy()) -> None:
+        self._policy = policy
+        self._window: _Window = (
+            _CountWindow(policy.window_size) if policy.window == "count" else _TimeWindow(policy.window_size)
+        )
+        self._state = State.CLOSED
+        self._now: float | None = None
+        self._opened_at: float | None = None
+        # Admitted probes that have not been released; those beyond _probes_succeeded are in flight.
+        self._probes_admitted = 0
+        self._probes_succeeded = 0
+        self._transitions: deque[Transition] = deque(maxlen=_MAX_TRANSITIONS)
+        self._dropped = 0
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def state_at(self, now: float) -> State:
+        self._tick(now)
+        return self._state
+
+    def allow(self, now: float) -> bool:
+        self._tick(now)
+        if self._state is State.CLOSED:
+            return True
+        if self._state is State.HALF_OPEN and self._probes_admitted < self._policy.half_open_probes:
+            self._probes_admitted += 1
+            return True
+        return False
+
+    def retry_at(self) -> float | None:
+        if self._state is State.OPEN and self._opened_at is not None:
+            return self._opened_at + self._policy.open_for
+        return None
+
+    def record(self, now: float, *, success: bool, duration: float = 0.0) -> None:
+        now = self._tick(now)
+        policy = self._policy
+        slow = policy.slow_call_duration is not None and duration >= policy.slow_call_duration
+        if self._state is State.CLOSED:
+            self._window.add(now, (0 if success else _FAIL) | (_SLOW if slow else 0))
+            self._judge(now)
+        elif self._state is State.HALF_OPEN:
+            if self._probes_admitted <= self._probes_succeeded:
+                # No probe in flight: a straggler admitted before the breaker opened. Its verdict is
+                # about the past, and letting it close or reopen the breaker would skip the probing.
+                return
+            if not success:
+                self._move(State.OPEN, now, "probe-failed")
+            elif slow:
+                # A slow probe is not health: closing on it would just reopen on slow-call-rate later.
+                self._move(State.OPEN, now, "probe-slow")
+            else:
+                self._probes_succeeded += 1
+                if self._probes_succeeded >= policy.half_open_probes:
+                    self._move(State.CLOSED, now, "probes-succeeded")
+        # In OPEN the outcome is from a call admitted before opening; the window was reset on opening.
+
+    def release(self, now: float) -> None:
+        self._tick(now)
+        if self._state is State.HALF_OPEN and self._probes_admitted > self._probes_succeeded:
+            self._probes_admitted -= 1
+
+    def drain_transitions(self) -> list[Transition]:
+        drained = list(self._transitions)
+        self._transitions.clear()
+        return drained
+
+    def snapshot(self) -> dict[str, object]:
+        """Counters as of the latest ``now`` seen (a time window is not rolled here)."""
+        window = self._window
+        return {
+            "state": self._state.value,
+            "window": self._policy.window,
+            "calls": window.calls,
+            "failures": window.failures,
+            "slow": window.slow,
+            "opened_at": self._opened_at,
+            "retry_at": self.retry_at(),
+            "probes_admitted": self._probes_admitted,
+            "probes_succeeded": self._probes_succeeded,
+            "now": self._now,
+            "transitions_pending": len(self._transitions),
+            "transitions_dropped": self._dropped,
+        }
+
+    def force_open(self, now: float) -> None:
+        now = self._tick(now)
+        if self._state is State.OPEN:
+            # Not a state change, so no transition; forcing again restarts the open period.
+            self._opened_at = now
+        else:
+            self._move(State.OPEN, now, "forced")
+
+    def force_closed(self, now: float) -> None:
+        now = self._tick(now)
+        if self._state is State.CLOSED:
+            # Not a state change, so no transition; forcing closed still forgives the window.
+            self._window.reset()
+        else:
+            self._move(State.CLOSED, now, "forced")
+
+    def _tick(self, now: float) -> float:
+        if not math.isfinite(now):
+            raise ValueError(f"breaker time must be finite seconds, got {now!r}")
+        if self._now is not None and now < self._now:
+            # Racy callers in a shell can deliver times out of order; taking the latest keeps the window
+            # and the open period monotonic instead of crashing or reopening the past.
+            now = self._now
+        self._now = now
+        if self._state is State.OPEN and self._opened_at is not None:
+            deadline = self._opened_at + self._policy.open_for
+            if now >= deadline:
+                self._move(State.HALF_OPEN, deadline, "open-elapsed")
+        elif self._state is State.CLOSED:
+            self._window.roll(now)
+        return now
+
+    def _judge(self, now: float) -> None:
+        window, policy = self._window, self._policy
+        if window.calls < policy.minimum_calls:
+            return
+        if window.failures / window.calls >= policy.failure_rate:
+            self._move(State.OPEN, now, "failure-rate")
+        elif policy.slow_call_duration is not None and window.slow / window.calls >= policy.slow_call_rate:
+            self._move(State.OPEN, now, "slow-call-rate")
+
+    def _move(self, new: State, at: float, reason: str) -> None:
+        if len(self._transitions) == _MAX_TRANSITIONS:
+            self._dropped += 1
+        self._transitions.append(Transition(self._state, new, at, reason))
+        self._state = new
+        self._probes_admitted = self._probes_succeeded = 0
+        if new is State.OPEN:
+            self._opened_at = at
+            # Only CLOSED feeds the window, so this one reset also leaves it empty when it closes again.
+            self._window.reset()
+        elif new is State.CLOSED:
+            self._opened_at = None

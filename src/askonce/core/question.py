@@ -1,0 +1,188 @@
+"""The question: one user request's identity, its traveling retry budget and its deadline.
+
+Three objects, from the outside in:
+
+* :class:`Question` is the immutable *value* a user sees (``askonce.current()``) and the wire carries:
+  key, who minted it, whether that was a declared originator ("edge"), the remaining budget, the
+  deadline and the attempt path. Snapshots are cheap to reason about and safe to hand around.
+* :class:`Tab` is the per-process *account* of one question: the part that must be shared, not copied.
+  A retry anywhere in the process spends from the same tab, so sibling calls of the same question see
+  the lowered budget at once. The budget only ever goes down (``spend`` and ``lower_to``).
+* A frame, ``(tab, path)``, is what the context variable binds: the tab plus the attempt path of the code
+  that runs now. Frames are plain tuples because one is made for every attempt on the hot path.
+
+Key minting and fan-out derivation are pure functions of their inputs (time and random bytes are
+passed in), so the simulator can mint reproducible keys and a retry of the parent reproduces the
+same child keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# Crockford's base32: sortable in ASCII order, no ambiguous letters, URL-safe.
+_B32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TIME_CHARS = 10  # 50 bits of millisecond time: good until the year 37648
+_RAND_CHARS = 26  # 130 bits of room for 128 random bits
+KEY_LENGTH = _TIME_CHARS + _RAND_CHARS
+
+# One lock for every tab's budget. Spending happens only when a retry is about to happen, which is
+# rare and brief, so one shared lock costs less than a lock per question on the hot path.
+_SPEND_LOCK = threading.Lock()
+
+
+def _b32(value: int, width: int) -> str:
+    out = []
+    for _ in range(width):
+        out.append(_B32[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def mint_key(now_ms: int, random16: bytes) -> str:
+    """A new question key: 48+ bits of time (so keys sort by minting time) then 128 random bits.
+
+    >>> mint_key(0, bytes(16))
+    '000000000000000000000000000000000000'
+    """
+    if len(random16) != 16:
+        raise ValueError("mint_key needs exactly 16 random bytes")
+    return _b32(max(0, now_ms), _TIME_CHARS) + _b32(int.from_bytes(random16, "big"), _RAND_CHARS)
+
+
+def derive_key(parent: str, label: str) -> str:
+    """The key of a fan-out child: a pure function of the parent key and a stable label.
+
+    The child keeps the parent's time prefix (so it sorts with its parent) and replaces the random part
+    with a keyed hash, so retrying the parent reproduces exactly the same children.
+    """
+    digest = hashlib.blake2b(label.encode("utf-8"), digest_size=16, key=parent.encode("ascii")[:64]).digest()
+    return parent[:_TIME_CHARS] + _b32(int.from_bytes(digest, "big"), _RAND_CHARS)
+
+
+class Hop(NamedTuple):
+    """One step of the attempt path: which layer made the call and which attempt of its own it was."""
+
+    layer: str
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.layer}:{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """An immutable snapshot of a question's identity and account.
+
+    ``deadline`` is an absolute time on the reading process's monotonic clock (``None``: no deadline);
+    on the wire it travels as remaining milliseconds, so clocks of different hosts never meet.
+    """
+
+    key: str
+    origin: str
+    edge: bool
+    budget: int
+    deadline: float | None = None
+    path: tuple[Hop, ...] = ()
+
+    def remaining(self, now: float) -> float | None:
+        """Seconds left until the deadline at ``now`` (never negative), or ``None`` without a deadline."""
+        return None if self.deadline is None else max(0.0, self.deadline - now)
+
+
+class Account:
+    """The budget of one question in one process; shared by every tab of the question (fan-out too).
+
+    ``spend`` takes a retry from it; ``hold``/``release`` put what is forwarded to another process in
+    escrow until its reply says what is left (so ``left`` plus what is held never goes up);
+    ``lower_to`` follows a reply. All of it is atomic across threads.
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def spend(self, n: int = 1) -> bool:
+        with _SPEND_LOCK:
+            if self.left >= n:
+                self.left -= n
+                return True
+            return False
+
+    def lower_to(self, n: int) -> None:
+        with _SPEND_LOCK:
+            if n < self.left:
+                self.left = max(0, n)
+
+    def hold(self, n: int) -> int:
+        """Put up to ``n`` in escrow for a call to another process; returns what was held.
+
+        Concurrent calls of one question must not each be forwarded the whole budget (two callees
+        would each spend it): what is forwarded is held until the reply says what came back.
+        """
+        with _SPEND_LOCK:
+            held = max(0, min(n, self.left))
+            self.left -= held
+            return held
+
+    def release(self, n: int) -> None:
+        """Return what a callee did not spend of what was held for it."""
+        if n > 0:
+            with _SPEND_LOCK:
+                self.left += n
+
+
+class Tab:
+    """One question's identity and account inside one process.
+
+    The key may be minted lazily (``minter``) so that a layer which binds a question only to share its
+    budget with inner layers pays for minting only if a key is ever needed (a header, a log line).
+    """
+
+    __slots__ = ("_key", "_minter", "account", "deadline", "edge", "origin")
+
+    def __init__(
+        self,
+        key: str | None,
+        origin: str,
+        edge: bool,
+        account: Account,
+        deadline: float | None,
+        minter: Callable[[], str] | None = None,
+    ) -> None:
+        if key is None and minter is None:
+            raise ValueError("a Tab needs a key or a minter")
+        self._key = key
+        self._minter = minter
+        self.origin = origin
+        self.edge = edge
+        self.account = account
+        self.deadline = deadline
+
+    @property
+    def key(self) -> str:
+        key = self._key
+        if key is None:
+            assert self._minter is not None  # guaranteed by __init__
+            key = self._key = self._minter()
+        return key
+
+    @property
+    def left(self) -> int:
+        return self.account.left
+
+    def child(self, label: str) -> Tab:
+        """A fan-out child: a key derived from this one and ``label``, drawing on the same account."""
+        return Tab(derive_key(self.key, label), self.origin, self.edge, self.account, self.deadline)
+
+    def snapshot(self, path: tuple[Hop, ...]) -> Question:
+        return Question(self.key, self.origin, self.edge, self.account.left, self.deadline, path)
+
+
+Frame = tuple[Tab, tuple[Hop, ...]]
+"""What the context variable binds: the question's tab and the attempt path of the running code."""

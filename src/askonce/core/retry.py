@@ -1,0 +1,213 @@
+"""The retry state machine: given a failure, the clock and a random draw, decide what happens next.
+
+The shells (``askonce.retrying``, the integrations, the simulator) run a loop of three steps and keep
+no decision of their own::
+
+    state = RetryState(policy, tab, layer)
+    action = state.start(now)                 # Attempt | GiveUp
+    ...the attempt fails...
+    action = state.on_failure(failure, now, u, take_token)   # Wait | GiveUp
+    ...sleep action.seconds (never when it is 0)...
+    action = state.resume(now)                # Attempt | GiveUp
+
+``on_failure`` enforces, in this order:
+
+1. what is safe to retry: the failure must be retryable, and a non-idempotent request that may have
+   reached the callee is never retried;
+2. the account: what was held for a call to another process is settled (``settle``): a reply returns
+   what the callee left; a failure with *no* response after the request was sent (read timeout, reset)
+   counts as if the callee spent all it was forwarded (fail closed), unless the request provably never
+   reached it (refused, connect timeout); then the budget must hold one more retry;
+3. the deadline: no retry that cannot start (and run ``min_attempt``) before it;
+4. the callee's do-not-retry flag, which is passed on upward;
+5. pushback and Retry-After, which lengthen the wait (and beyond ``max_pushback`` end the question);
+6. the layer's own attempt limit;
+7. the per-client token bucket (``take_token``);
+8. backoff with full jitter.
+
+A retry spends one from the shared account at once, so a sibling call of the same question sees the
+lower budget before this layer even sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from askonce.core.backoff import Backoff
+from askonce.core.question import Account, Hop, Tab
+from askonce.core.wire import MAX_ATTEMPT, Reply
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """One layer's retry rules. ``budget`` and ``deadline`` apply only to questions this layer mints."""
+
+    attempts: int = 3
+    backoff: Backoff = Backoff()
+    budget: int = 2
+    deadline: float | None = 30.0
+    idempotent: bool = True
+    min_attempt: float = 0.0
+    max_pushback: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.attempts <= MAX_ATTEMPT:
+            raise ValueError(f"attempts must be within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
+        if not 0 <= self.budget <= 1000:
+            raise ValueError(f"budget must be within 0..1000, got {self.budget!r}")
+        if self.deadline is not None and not 0 < self.deadline <= 86_400:
+            raise ValueError(f"deadline must be within (0, 86400] s or None, got {self.deadline!r}")
+        if not 0 <= self.min_attempt <= 3600:
+            raise ValueError(f"min_attempt must be within 0..3600 s, got {self.min_attempt!r}")
+        if not 0 <= self.max_pushback <= 86_400:
+            raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
+
+
+LOCAL = "local"  # an in-process call: the callee spends from the same account, nothing to infer
+REFUSED = "refused"  # provably never reached the callee (connection refused, connect timeout)
+ANSWERED = "answered"  # a response came back (with or without an askonce-reply)
+LOST = "lost"  # sent, and no response: the callee may have worked and spent (read timeout, reset)
+DELIVERIES = frozenset({LOCAL, REFUSED, ANSWERED, LOST})
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How an attempt failed, as far as the shell could tell: see the delivery constants above."""
+
+    retryable: bool = True
+    reply: Reply | None = None
+    delivery: str = LOCAL
+    retry_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.delivery not in DELIVERIES:
+            raise ValueError(f"delivery must be one of {sorted(DELIVERIES)}, got {self.delivery!r}")
+
+
+def settle(account: Account, held: int, delivery: str, reply: Reply | None) -> None:
+    """Settle the budget held for a call to another process once its outcome is known.
+
+    A reply returns what it says is left (never more than was held). A response without one comes from a
+    callee that is not askonce-aware and so spent nothing of ours. A refused call spent nothing. A lost
+    call (sent, no response) may have spent everything it was forwarded: fail closed, return nothing.
+    """
+    if delivery == LOST and reply is None:
+        return
+    if reply is not None:
+        account.release(min(held, reply.budget))
+    else:
+        account.release(held)
+
+
+class Attempt(NamedTuple):
+    number: int
+    hop: Hop
+
+
+class Wait(NamedTuple):
+    seconds: float
+
+
+class GiveUp(NamedTuple):
+    """The end of this layer's tries. ``kind`` says why; ``reply`` is what to tell the caller."""
+
+    kind: str  # "not-retryable" | "not-idempotent" | "exhausted" | "deadline" | "dnr" | "pushback"
+    # | "attempts" | "throttled"
+    reply: Reply
+
+    @property
+    def reason(self) -> str | None:
+        return self.reply.reason
+
+
+class RetryState:
+    """The state of one call at one layer: which attempt it is on and when it started."""
+
+    __slots__ = ("attempt", "held", "layer", "policy", "tab")
+
+    def __init__(self, policy: RetryPolicy, tab: Tab, layer: str) -> None:
+        self.policy = policy
+        self.tab = tab
+        self.layer = layer
+        self.attempt = 1
+        self.held = 0
+
+    def forward(self) -> int:
+        """Before sending an attempt to another process: hold the budget to forward with it."""
+        self.held = self.tab.account.hold(self.tab.account.left)
+        return self.held
+
+    def _settle(self, delivery: str, reply: Reply | None) -> None:
+        if delivery != LOCAL:
+            held, self.held = self.held, 0
+            settle(self.tab.account, held, delivery, reply)
+
+    def _give_up(self, kind: str, dnr: bool = False, reason: str | None = None,
+                 pushback: float | None = None) -> GiveUp:
+        return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
+
+    def _fits(self, now: float, wait: float) -> bool:
+        deadline = self.tab.deadline
+        return deadline is None or now + wait + self.policy.min_attempt < deadline
+
+    def start(self, now: float) -> Attempt | GiveUp:
+        """The first attempt, unless the deadline has already passed."""
+        if not self._fits(now, 0.0):
+            return self._give_up("deadline", True, "deadline")
+        return Attempt(1, Hop(self.layer, 1))
+
+    def on_failure(
+        self,
+        failure: Failure,
+        now: float,
+        u: float,
+        take_token: Callable[[float], bool] | None = None,
+    ) -> Wait | GiveUp:
+        """Decide after a failed attempt; ``u`` is a uniform draw in [0, 1) for the jitter."""
+        policy, account, reply = self.policy, self.tab.account, failure.reply
+        self._settle(failure.delivery, reply)
+        if not failure.retryable:
+            return self._give_up("not-retryable", *_passed_on(reply))
+        if not policy.idempotent and failure.delivery != REFUSED:
+            return self._give_up("not-idempotent", *_passed_on(reply))
+        if account.left < 1:
+            return self._give_up("exhausted", True, "exhausted")
+        if not self._fits(now, 0.0):
+            return self._give_up("deadline", True, "deadline")
+        if reply is not None and reply.dnr:
+            return self._give_up("dnr", True, reply.reason, reply.pushback)
+        pushback = reply.pushback if reply is not None and reply.pushback is not None else 0.0
+        floor = max(pushback, failure.retry_after or 0.0)
+        if floor > policy.max_pushback:
+            return self._give_up("pushback", True, "overloaded", floor)
+        if self.attempt >= policy.attempts:
+            return self._give_up("attempts")
+        if take_token is not None and not take_token(now):
+            return self._give_up("throttled", True, "throttled")
+        wait = max(floor, policy.backoff.delay(self.attempt, u))
+        if not self._fits(now, wait):
+            return self._give_up("deadline", True, "deadline")
+        if not account.spend(1):  # a sibling took the last retry between our check and now
+            return self._give_up("exhausted", True, "exhausted")
+        self.attempt += 1
+        return Wait(wait)
+
+    def resume(self, now: float) -> Attempt | GiveUp:
+        """After the wait: the next attempt, unless the deadline passed while waiting."""
+        if not self._fits(now, 0.0):
+            return self._give_up("deadline", True, "deadline")
+        return Attempt(self.attempt, Hop(self.layer, self.attempt))
+
+    def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
+        """After a successful attempt: settle what was held; the reply for our own caller."""
+        self._settle(delivery, reply)
+        return Reply(self.tab.account.left)
+
+
+def _passed_on(reply: Reply | None) -> tuple[bool, str | None, float | None]:
+    """A give-up for our own reasons still passes on a callee's do-not-retry, so no one above retries."""
+    if reply is not None and reply.dnr:
+        return True, reply.reason, reply.pushback
+    return False, None, None

@@ -1,0 +1,333 @@
+"""The wire format: ``askonce-question`` and ``askonce-reply``, strict and bounded.
+
+Both headers are RFC 9651 structured-field dictionaries. This module parses a *strict subset* of that
+grammar by hand (the choice was measured, see ``docs/benchmarks.md``): integers, booleans, strings,
+tokens, byte sequences and inner lists of those, with no parameters, no decimals and no duplicate
+members. Anything outside the subset, over the size limit, of an unknown version, or with a value out of
+range is rejected *as a whole*: the parse functions return a :class:`Malformed` carrying the reason and
+never raise. Every accepted header is also accepted, with the same values, by a full RFC 9651 parser
+(``tests/test_wire_differential.py`` checks it against ``http-sfv``).
+
+Receivers clamp what they accept to their own :class:`Limits`: a caller cannot raise a callee's budget
+or deadline above what the callee allows.
+
+See ``docs/protocol.md`` for the specification with examples.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+
+from askonce.core.question import Hop, Question
+
+QUESTION_HEADER = "askonce-question"
+REPLY_HEADER = "askonce-reply"
+VERSION = 1
+
+# Hard protocol bounds: values beyond these are nonsense and make the whole header malformed.
+# Values between a receiver's Limits and these bounds are clamped instead.
+MAX_HEADER_CHARS = 2048
+MAX_BUDGET = 1000
+MAX_DEADLINE_MS = 86_400_000  # one day
+MAX_HOPS = 32
+MAX_ATTEMPT = 1000
+MAX_NAME = 32
+MAX_SIG_BYTES = 64
+
+REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open", "throttled"})
+"""Reasons defined in version 1. Other tokens are accepted (a newer peer's reason still means
+"do not retry") but reported as they came."""
+
+
+class Token(str):
+    """A structured-field token, told apart from a string."""
+
+    __slots__ = ()
+
+
+Item = int | bool | str | bytes
+Value = Item | list[Item]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Why a header was rejected; callers count these (``askonce.stats()``), nothing raises."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A receiving layer's own maximums; incoming budgets and deadlines are clamped to them."""
+
+    max_budget: int = 10
+    max_deadline: float = 300.0  # seconds
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_budget <= MAX_BUDGET:
+            raise ValueError(f"max_budget must be within 0..{MAX_BUDGET}, got {self.max_budget!r}")
+        if not 0 < self.max_deadline <= MAX_DEADLINE_MS / 1000:
+            raise ValueError(f"max_deadline must be within (0, {MAX_DEADLINE_MS // 1000}] s")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a callee tells its caller about the question's account.
+
+    ``budget``: what is left after the callee's own spending. ``dnr``: do not retry, with ``reason``.
+    ``pushback``: seconds the caller should wait before any retry (``None``: no opinion).
+    """
+
+    budget: int
+    dnr: bool = False
+    reason: str | None = None
+    pushback: float | None = None
+
+
+# --- the strict structured-field subset -------------------------------------------------------------
+
+_KEY = r"[a-z*][a-z0-9_.*-]*"
+_ITEM = (
+    r"(?P<i>-?[0-9]{1,15})(?![0-9.])"
+    r'|"(?P<s>(?:[ !#-\[\]-~]|\\["\\])*)"'
+    r"|\?(?P<b>[01])"
+    r"|(?P<t>[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*)"
+    r"|:(?P<y>[A-Za-z0-9+/]*={0,2}):"
+)
+_MEMBER = re.compile(rf"(?P<k>{_KEY})(?:=(?:{_ITEM}|\((?P<l>[^()]*)\)))?")
+_INNER_ITEM = re.compile(_ITEM)
+_SEP = re.compile(r"[ \t]*,[ \t]*")
+_SPACES = re.compile(r" +")
+_ESCAPE = re.compile(r"\\([\"\\])")
+
+
+def _item(m: re.Match[str]) -> Item | None:
+    i = m.group("i")
+    if i is not None:
+        return int(i)
+    s = m.group("s")
+    if s is not None:
+        return _ESCAPE.sub(r"\1", s) if "\\" in s else s
+    b = m.group("b")
+    if b is not None:
+        return b == "1"
+    t = m.group("t")
+    if t is not None:
+        return Token(t)
+    y = m.group("y")
+    if y is None or len(y) % 4:
+        return None
+    try:
+        return base64.b64decode(y, validate=True)
+    except binascii.Error:
+        return None
+
+
+def _inner(text: str) -> list[Item] | None:
+    body = text.strip(" ")
+    if not body:
+        return []
+    out: list[Item] = []
+    pos, end = 0, len(body)
+    while True:
+        m = _INNER_ITEM.match(body, pos)
+        if m is None:
+            return None
+        value = _item(m)
+        if value is None:
+            return None
+        out.append(value)
+        pos = m.end()
+        if pos == end:
+            return out
+        s = _SPACES.match(body, pos)
+        if s is None:
+            return None
+        pos = s.end()
+
+
+def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
+    """Parse the strict subset of an RFC 9651 dictionary. Never raises; never works past the size limit."""
+    if len(text) > MAX_HEADER_CHARS:
+        return Malformed("too-long")
+    if not text.isascii():
+        return Malformed("not-ascii")
+    text = text.strip(" ")
+    out: dict[str, Value] = {}
+    pos, end = 0, len(text)
+    while pos < end:
+        m = _MEMBER.match(text, pos)
+        if m is None:
+            return Malformed("syntax")
+        key = m.group("k")
+        if key in out:
+            return Malformed("duplicate")
+        if m.group("l") is not None:
+            items = _inner(m.group("l"))
+            if items is None:
+                return Malformed("syntax")
+            out[key] = items
+        elif m.end() - m.start() == len(key):
+            out[key] = True  # a bare member is boolean true
+        else:
+            value = _item(m)
+            if value is None:
+                return Malformed("syntax")
+            out[key] = value
+        pos = m.end()
+        if pos == end:
+            break
+        sep = _SEP.match(text, pos)
+        if sep is None or sep.end() == end:  # something after a member, or a trailing comma
+            return Malformed("syntax")
+        pos = sep.end()
+    return out
+
+
+# --- askonce-question -------------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
+_KEY_TEXT = re.compile(r"[0-9A-Za-z_-]{16,64}")
+
+
+def valid_name(name: str) -> bool:
+    """Layer and origin names: a letter, then up to 31 of letters, digits, ``_ . -``."""
+    return _NAME.fullmatch(name) is not None
+
+
+def _int_in(value: Value | None, hi: int) -> int | None:
+    if type(value) is int and 0 <= value <= hi:
+        return value
+    return None
+
+
+def _hop(item: Item) -> Hop | None:
+    if type(item) is not Token:
+        return None
+    layer, colon, n = item.rpartition(":")
+    if not colon or not valid_name(layer) or not n.isdigit() or len(n) > 4:
+        return None
+    attempt = int(n)
+    return Hop(layer, attempt) if 1 <= attempt <= MAX_ATTEMPT else None
+
+
+def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> Question | Malformed:
+    """Decode an ``askonce-question`` value into a :class:`Question` on the local clock, clamped."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_HEADER_CHARS:
+            return Malformed("too-long")
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            return Malformed("not-ascii")
+    d = parse_dictionary(text)
+    if isinstance(d, Malformed):
+        return d
+    if d.get("v") != VERSION or type(d.get("v")) is not int:
+        return Malformed("version")
+    key = d.get("k")
+    if type(key) is not str or _KEY_TEXT.fullmatch(key) is None:
+        return Malformed("key")
+    origin = d.get("o")
+    if type(origin) is not Token or not valid_name(origin):
+        return Malformed("origin")
+    edge = d.get("e", False)
+    if type(edge) is not bool:
+        return Malformed("edge")
+    budget = _int_in(d.get("b"), MAX_BUDGET)
+    if budget is None:
+        return Malformed("budget")
+    deadline: float | None = None
+    if "d" in d:
+        ms = _int_in(d["d"], MAX_DEADLINE_MS)
+        if ms is None:
+            return Malformed("deadline")
+        deadline = now + min(ms / 1000, limits.max_deadline)
+    path: tuple[Hop, ...] = ()
+    if "p" in d:
+        items = d["p"]
+        if not isinstance(items, list) or len(items) > MAX_HOPS:
+            return Malformed("path")
+        hops = [_hop(i) for i in items]
+        if None in hops:
+            return Malformed("path")
+        path = tuple(h for h in hops if h is not None)
+    return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path)
+
+
+def _path_text(path: tuple[Hop, ...]) -> str:
+    if len(path) > MAX_HOPS:  # keep the hops nearest the target, where retries matter most
+        path = path[-MAX_HOPS:]
+    return " ".join(f"{h.layer}:{h.attempt}" for h in path)
+
+
+def format_question(
+    key: str,
+    origin: str,
+    edge: bool,
+    budget: int,
+    remaining: float | None,
+    path: tuple[Hop, ...] = (),
+) -> str:
+    """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no deadline)."""
+    parts = [f'v={VERSION}, k="{key}", o={origin}']
+    if edge:
+        parts.append("e")
+    parts.append(f"b={max(0, min(budget, MAX_BUDGET))}")
+    if remaining is not None:
+        parts.append(f"d={max(0, min(int(remaining * 1000), MAX_DEADLINE_MS))}")
+    if path:
+        parts.append(f"p=({_path_text(path)})")
+    return ", ".join(parts)
+
+
+# --- askonce-reply ----------------------------------------------------------------------------------
+
+
+def parse_reply(text: str | bytes) -> Reply | Malformed:
+    """Decode an ``askonce-reply`` value. Never raises."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_HEADER_CHARS:
+            return Malformed("too-long")
+        try:
+            text = text.decode("ascii")
+        except UnicodeDecodeError:
+            return Malformed("not-ascii")
+    d = parse_dictionary(text)
+    if isinstance(d, Malformed):
+        return d
+    if d.get("v") != VERSION or type(d.get("v")) is not int:
+        return Malformed("version")
+    budget = _int_in(d.get("b"), MAX_BUDGET)
+    if budget is None:
+        return Malformed("budget")
+    dnr = d.get("dnr", False)
+    if type(dnr) is not bool:
+        return Malformed("dnr")
+    reason = d.get("r")
+    if reason is not None and (type(reason) is not Token or len(reason) > MAX_NAME):
+        return Malformed("reason")
+    pushback: float | None = None
+    if "pb" in d:
+        ms = _int_in(d["pb"], MAX_DEADLINE_MS)
+        if ms is None:
+            return Malformed("pushback")
+        pushback = ms / 1000
+    return Reply(budget, dnr, None if reason is None else str(reason), pushback)
+
+
+def format_reply(reply: Reply) -> str:
+    parts = [f"v={VERSION}, b={max(0, min(reply.budget, MAX_BUDGET))}"]
+    if reply.dnr:
+        parts.append("dnr")
+    if reply.reason is not None:
+        parts.append(f"r={reply.reason}")
+    if reply.pushback is not None:
+        parts.append(f"pb={max(0, min(int(reply.pushback * 1000), MAX_DEADLINE_MS))}")
+    return ", ".join(parts)

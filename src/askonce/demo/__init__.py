@@ -1,0 +1,1 @@
+"""``askonce demo``: naive nested retries against askonce, measured at the target."""

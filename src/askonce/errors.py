@@ -1,0 +1,139 @@
+"""askonce's exceptions: one base, a small tree, foreign errors kept as ``__cause__``.
+
+::
+
+    AskonceError
+    ├── GaveUp                 a layer stopped trying; .reply is what it tells its caller
+    │   ├── BudgetExhausted    the question's retry budget is spent            (reason "exhausted")
+    │   ├── DeadlineExceeded   no attempt could finish before the deadline     (reason "deadline")
+    │   ├── DoNotRetry         a callee said do-not-retry (overloaded, cap, ...) and it is passed on
+    │   ├── RetryThrottled     this client's retry token bucket for the target is empty
+    │   └── CircuitOpen        the target's breaker is open; .retry_at says when it probes again
+    └── MalformedContext       a strict parse of a header failed (the lenient paths count, not raise)
+
+A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent) re-raises the
+original exception instead, with the reply attached as ``exc.askonce_reply`` where Python allows it, so
+that callers keep catching what they already catch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from askonce.core.retry import LOCAL, REFUSED, Failure, GiveUp
+from askonce.core.wire import Reply
+
+
+class AskonceError(Exception):
+    """The base of every error askonce raises."""
+
+
+class MalformedContext(AskonceError, ValueError):
+    """A header could not be parsed by a strict API (``askonce.parse_question(..., strict=True)``)."""
+
+
+class GaveUp(AskonceError):
+    """A layer stopped retrying a question and returns the failure."""
+
+    reason: str | None
+
+    def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None, attempts: int) -> None:
+        super().__init__(message)
+        self.reply = reply
+        self.reason = reply.reason
+        self.layer = layer
+        self.key = key
+        self.attempts = attempts
+
+    @property
+    def askonce_reply(self) -> Reply:
+        """The reply for the caller; every carrier of a reply spells it this way."""
+        return self.reply
+
+
+class BudgetExhausted(GaveUp):
+    """The question's retry budget is spent: nobody on its path retries any more."""
+
+
+class DeadlineExceeded(GaveUp, TimeoutError):
+    """No attempt could start and finish before the question's deadline."""
+
+
+class DoNotRetry(GaveUp):
+    """A callee (or this layer, over a too-long pushback) said not to retry; the reason is passed on."""
+
+
+class RetryThrottled(GaveUp):
+    """This client has used its retry tokens for the target (a ratio of its requests plus a floor)."""
+
+
+class CircuitOpen(GaveUp):
+    """The target's circuit breaker is open; no call is made until ``retry_at`` (monotonic seconds)."""
+
+    def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None, attempts: int,
+                 retry_at: float | None = None) -> None:
+        super().__init__(message, reply=reply, layer=layer, key=key, attempts=attempts)
+        self.retry_at = retry_at
+
+
+_BY_KIND: dict[str, type[GaveUp]] = {
+    "exhausted": BudgetExhausted,
+    "deadline": DeadlineExceeded,
+    "dnr": DoNotRetry,
+    "pushback": DoNotRetry,
+    "throttled": RetryThrottled,
+    "breaker-open": CircuitOpen,
+}
+
+_MESSAGES = {
+    "exhausted": "retry budget exhausted",
+    "deadline": "deadline exceeded",
+    "dnr": "callee said do not retry",
+    "pushback": "callee asked to wait longer than this layer's max_pushback",
+    "throttled": "retry token bucket for the target is empty",
+    "breaker-open": "circuit breaker is open",
+}
+
+
+def attach_reply(exc: BaseException, reply: Reply) -> None:
+    """Attach a reply to a foreign exception so an outer layer or a server middleware can read it."""
+    with contextlib.suppress(AttributeError, TypeError):  # exceptions with __slots__: nothing to do
+        exc.askonce_reply = reply  # type: ignore[attr-defined]
+
+
+def reply_of(exc: BaseException) -> Reply | None:
+    reply = getattr(exc, "askonce_reply", None)
+    return reply if isinstance(reply, Reply) else None
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """What an exception says about a failed in-process attempt.
+
+    Budget held for calls to other processes is settled where the call is made (``askonce.outgoing``),
+    so here the delivery is local; an exception marked ``askonce_reached = False`` (the request provably
+    never left) lets a non-idempotent call be retried. ``askonce_reply`` carries a callee's
+    do-not-retry upward; ``askonce_retry_after`` (seconds) lengthens the wait.
+    """
+    retry_after = getattr(exc, "askonce_retry_after", None)
+    return Failure(
+        retryable=True,
+        reply=reply_of(exc),
+        delivery=REFUSED if getattr(exc, "askonce_reached", None) is False else LOCAL,
+        retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+    )
+
+
+def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: str | None,
+              attempts: int) -> BaseException:
+    """The exception a shell raises for a give-up: ours for askonce's limits, the original otherwise."""
+    if isinstance(last, GaveUp) and give_up.reply.dnr:
+        return last  # an inner layer already gave up for the question; adding a wrapper says nothing new
+    cls = _BY_KIND.get(give_up.kind)
+    if cls is None:
+        if last is None:  # cannot happen for the layer's own limits, which follow an attempt
+            return AskonceError(f"{layer}: gave up ({give_up.kind})")
+        attach_reply(last, give_up.reply)
+        return last
+    detail = f" ({give_up.reply.reason})" if give_up.kind == "dnr" and give_up.reply.reason else ""
+    message = f"{layer}: {_MESSAGES[give_up.kind]}{detail} after {attempts} attempt(s), question {key}"
+    return cls(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts)

@@ -1,0 +1,322 @@
+"""``@askonce.retry``: thin sync and async shells over :mod:`askonce.core.retry`.
+
+The shells only bind the question, run attempts, sleep, and translate a give-up into an exception;
+every decision is ``RetryState``'s. A layer with no bound question mints one (lazily keyed) so that inner
+layers in the same process draw on the same budget instead of each bringing their own.
+
+Two forms, one object::
+
+    @askonce.retry(on=ConnectionError, attempts=3, layer="api")
+    def fetch(): ...
+
+    for attempt in askonce.retry(on=ConnectionError, layer="api"):
+        with attempt:
+            fetch_once()
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random as _random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import Token
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from askonce import context
+from askonce.context import _frame
+from askonce.core.backoff import Backoff
+from askonce.core.bucket import BucketPolicy
+from askonce.core.question import Account, Frame, Hop, Tab
+from askonce.core.retry import Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.wire import valid_name
+from askonce.errors import error_for, failure_of
+from askonce.stores.memory import BucketHandle, MemoryStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+DEFAULT_BUCKET = BucketPolicy()
+
+_store: MemoryStore | None = None
+
+
+def default_store() -> MemoryStore:
+    global _store
+    if _store is None:
+        _store = MemoryStore(context.monotonic)
+    return _store
+
+
+def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
+    if isinstance(on, type) and issubclass(on, BaseException):
+        return lambda exc: isinstance(exc, on)
+    if isinstance(on, tuple):
+        if not on or not all(isinstance(t, type) and issubclass(t, BaseException) for t in on):
+            raise ValueError("on= takes an exception type, a non-empty tuple of them, or a predicate")
+        return lambda exc: isinstance(exc, on)
+    if callable(on):
+        return cast(Callable[[BaseException], bool], on)
+    raise ValueError("on= takes an exception type, a non-empty tuple of them, or a predicate")
+
+
+def _layer_name(fn: Callable[..., Any]) -> str:
+    name = "".join(c if c.isalnum() or c in "_.-" else "." for c in getattr(fn, "__qualname__", "call"))
+    name = name.lstrip("0123456789_.-") or "call"
+    return name[:32]
+
+
+class retry:  # spelled like a function: it is used as a decorator
+    """A retrying layer: a decorator for sync and ``async`` functions, and an iterable of attempts.
+
+    ``on``: what to retry (exception types or a predicate); the default is connection errors and
+    timeouts. ``attempts``: this layer's own limit. ``budget``/``deadline``: used only when this layer
+    has to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
+    ``bucket``: the per-target retry token bucket (``None`` turns it off); ``target`` names it.
+    ``clock``, ``sleep``, ``random``: injectable for tests and simulations.
+    """
+
+    def __init__(
+        self,
+        on: OnSpec = DEFAULT_ON,
+        *,
+        attempts: int = 3,
+        layer: str | None = None,
+        backoff: Backoff = Backoff(),
+        budget: int = 2,
+        deadline: float | None = 30.0,
+        idempotent: bool = True,
+        bucket: BucketPolicy | None = DEFAULT_BUCKET,
+        target: str | None = None,
+        originator: bool = False,
+        policy: RetryPolicy | None = None,
+        store: MemoryStore | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        self.policy = policy or RetryPolicy(attempts=attempts, backoff=backoff, budget=budget,
+                                            deadline=deadline, idempotent=idempotent)
+        if layer is not None and not valid_name(layer):
+            raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {layer!r}")
+        self.layer = layer
+        self.originator = originator
+        self._matches = _predicate(on)
+        self._bucket_policy = bucket
+        self._target = target
+        self._store = store
+        self._clock = clock or context.monotonic
+        self._sleep = sleep
+        self._random = random or _random.random
+        self._handle: BucketHandle | None = None
+
+    # --- shared pieces of both shells -------------------------------------------------------------
+
+    def _bucket(self, layer: str) -> BucketHandle | None:
+        if self._bucket_policy is None:
+            return None
+        handle = self._handle
+        if handle is None:
+            store = self._store or default_store()
+            handle = self._handle = store.bucket(self._target or layer, self._bucket_policy)
+        return handle
+
+    def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
+        frame = _frame.get()
+        if frame is not None:
+            return frame
+        p = self.policy
+        deadline = None if p.deadline is None else self._clock() + p.deadline
+        return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key), ()
+
+    def _failure(self, exc: BaseException) -> Failure:
+        return failure_of(exc)
+
+    def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState) -> None:
+        err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt)
+        if err is last:
+            raise err
+        raise err from last
+
+    # --- the decorator ----------------------------------------------------------------------------
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        layer = self.layer or _layer_name(fn)
+        if inspect.iscoroutinefunction(fn):
+            return self._async_wrapper(fn, layer)
+        return self._sync_wrapper(fn, layer)
+
+    def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
+        sleep = self._sleep or time.sleep
+        clock, rand, matches = self._clock, self._random, self._matches
+        policy = self.policy
+
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            tab, path = self._frame(layer)
+            bucket = self._bucket(layer)
+            state = RetryState(policy, tab, layer)
+            action: Attempt | Wait | GiveUp = state.start(clock())
+            last: BaseException | None = None
+            if bucket is not None:
+                bucket.deposit()
+            while True:
+                if type(action) is not Attempt:
+                    self._raise(cast(GiveUp, action), last, state)
+                token = _frame.set((tab, (*path, cast(Attempt, action).hop)))
+                try:
+                    return fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    last = exc
+                finally:
+                    _frame.reset(token)
+                action = state.on_failure(self._failure(last), clock(), rand(),
+                                          None if bucket is None else bucket.withdraw)
+                if type(action) is Wait:
+                    if action.seconds > 0:
+                        sleep(action.seconds)
+                    action = state.resume(clock())
+
+        return call
+
+    def _async_wrapper(self, fn: Callable[P, Awaitable[T]], layer: str) -> Callable[P, Awaitable[T]]:
+        import asyncio  # only when an async function is decorated: `import askonce` stays asyncio-free
+
+        sleep = self._sleep or asyncio.sleep
+        clock, rand, matches = self._clock, self._random, self._matches
+        policy = self.policy
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            tab, path = self._frame(layer)
+            bucket = self._bucket(layer)
+            state = RetryState(policy, tab, layer)
+            action: Attempt | Wait | GiveUp = state.start(clock())
+            last: BaseException | None = None
+            if bucket is not None:
+                bucket.deposit()
+            while True:
+                if type(action) is not Attempt:
+                    self._raise(cast(GiveUp, action), last, state)
+                token = _frame.set((tab, (*path, cast(Attempt, action).hop)))
+                try:
+                    return await fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    last = exc
+                finally:
+                    _frame.reset(token)
+                action = state.on_failure(self._failure(last), clock(), rand(),
+                                          None if bucket is None else bucket.withdraw)
+                if type(action) is Wait:
+                    if action.seconds > 0:
+                        result = sleep(action.seconds)
+                        if inspect.isawaitable(result):
+                            await result
+                    action = state.resume(clock())
+
+        return call
+
+    # --- the iterator form ------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[AttemptContext]:
+        layer = self.layer or "block"
+        sleep = self._sleep or time.sleep
+        run = _Run(self, layer)
+        while True:
+            ctx = run.next_attempt()
+            yield ctx
+            if ctx.done:
+                return
+            wait = run.after(ctx)
+            if wait > 0:
+                sleep(wait)
+
+    async def __aiter__(self) -> AsyncIterator[AttemptContext]:
+        import asyncio
+
+        layer = self.layer or "block"
+        sleep = self._sleep or asyncio.sleep
+        run = _Run(self, layer)
+        while True:
+            ctx = run.next_attempt()
+            yield ctx
+            if ctx.done:
+                return
+            wait = run.after(ctx)
+            if wait > 0:
+                result = sleep(wait)
+                if inspect.isawaitable(result):
+                    await result
+
+
+class _Run:
+    """The state of one pass through the iterator form."""
+
+    def __init__(self, owner: retry, layer: str) -> None:
+        self.owner = owner
+        self.tab, self.path = owner._frame(layer)
+        self.bucket = owner._bucket(layer)
+        self.state = RetryState(owner.policy, self.tab, layer)
+        self.action: Attempt | Wait | GiveUp = self.state.start(owner._clock())
+        self.last: BaseException | None = None
+        if self.bucket is not None:
+            self.bucket.deposit()
+
+    def next_attempt(self) -> AttemptContext:
+        if type(self.action) is Wait:  # the wait has been served: decide now whether to go on
+            self.action = self.state.resume(self.owner._clock())
+        if type(self.action) is not Attempt:
+            self.owner._raise(cast(GiveUp, self.action), self.last, self.state)
+        return AttemptContext(self, cast(Attempt, self.action))
+
+    def after(self, ctx: AttemptContext) -> float:
+        """Seconds to wait before the next attempt (0 also when giving up: ``next_attempt`` raises)."""
+        if ctx.error is None:
+            raise RuntimeError("askonce.retry: each attempt must be used as `with attempt:`")
+        owner, bucket = self.owner, self.bucket
+        self.last = ctx.error
+        self.action = self.state.on_failure(owner._failure(ctx.error), owner._clock(), owner._random(),
+                                            None if bucket is None else bucket.withdraw)
+        return self.action.seconds if type(self.action) is Wait else 0.0
+
+
+class AttemptContext:
+    """One attempt of the iterator form: ``with attempt:`` runs it, with the question bound."""
+
+    __slots__ = ("_hop", "_token", "done", "error", "number", "run")
+
+    def __init__(self, run: _Run, action: Attempt) -> None:
+        self.run = run
+        self.number = action.number
+        self._hop = action.hop
+        self.done = False
+        self.error: BaseException | None = None
+        self._token: Token[Frame | None] | None = None
+
+    def __enter__(self) -> AttemptContext:
+        self._token = _frame.set((self.run.tab, (*self.run.path, self._hop)))
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if self._token is not None:
+            _frame.reset(self._token)
+            self._token = None
+        if exc is None or not self.run.owner._matches(exc):
+            self.done = True
+            return False
+        self.error = exc
+        return True  # swallowed here; the iterator decides whether to try again or raise

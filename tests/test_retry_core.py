@@ -1,0 +1,166 @@
+"""The retry state machine, transition by transition, with an injected clock and random draw."""
+
+from __future__ import annotations
+
+import pytest
+
+from askonce.core.backoff import NO_WAIT, Backoff
+from askonce.core.bucket import BucketPolicy, TokenBucket
+from askonce.core.question import Account, Hop, Tab, derive_key, mint_key
+from askonce.core.retry import ANSWERED, LOST, REFUSED, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.wire import Reply
+
+KEY = mint_key(0, bytes(16))
+
+
+def make(budget: int = 2, deadline: float | None = None, **policy: object) -> RetryState:
+    tab = Tab(KEY, "edge", True, Account(budget), deadline)
+    return RetryState(RetryPolicy(**policy), tab, "svc")  # type: ignore[arg-type]
+
+
+def test_first_attempt_carries_the_layer_hop() -> None:
+    assert make().start(0.0) == Attempt(1, Hop("svc", 1))
+
+
+def test_no_first_attempt_after_the_deadline() -> None:
+    action = make(deadline=5.0).start(5.0)
+    assert isinstance(action, GiveUp) and action.kind == "deadline" and action.reply.dnr
+
+
+def test_a_retry_spends_one_at_once_and_waits_the_jittered_backoff() -> None:
+    state = make(budget=2, backoff=Backoff(base=1.0, cap=10.0))
+    action = state.on_failure(Failure(), now=0.0, u=0.5)
+    assert action == Wait(0.5)
+    assert state.tab.account.left == 1  # visible to siblings before the wait
+    assert state.resume(0.5) == Attempt(2, Hop("svc", 2))
+    assert state.on_failure(Failure(), now=1.0, u=0.5) == Wait(1.0)  # ceiling doubled
+
+
+@pytest.mark.parametrize(
+    ("budget", "deadline", "policy", "failure", "now", "kind", "dnr", "reason"),
+    [
+        (2, None, {}, Failure(retryable=False), 0.0, "not-retryable", False, None),
+        (0, None, {}, Failure(), 0.0, "exhausted", True, "exhausted"),
+        (2, 1.0, {}, Failure(), 1.0, "deadline", True, "deadline"),
+        (2, None, {}, Failure(reply=Reply(1, True, "overloaded", 0.2)), 0.0, "dnr", True, "overloaded"),
+        (2, None, {"max_pushback": 1.0}, Failure(retry_after=5.0), 0.0, "pushback", True, "overloaded"),
+        (2, None, {"attempts": 1}, Failure(), 0.0, "attempts", False, None),
+        (2, None, {"idempotent": False}, Failure(delivery=ANSWERED, reply=Reply(2)), 0.0, "not-idempotent", False,
+         None),
+        (2, None, {"idempotent": False}, Failure(), 0.0, "not-idempotent", False, None),
+        # a wait that would end past the deadline is not started
+        (2, 1.0, {"backoff": Backoff(base=2.0, cap=2.0, jitter=False)}, Failure(), 0.0, "deadline", True, "deadline"),
+        # a not-retryable failure still passes on a callee's do-not-retry
+        (2, None, {}, Failure(retryable=False, reply=Reply(0, True, "cap")), 0.0, "not-retryable", True, "cap"),
+    ],
+)
+def test_give_up_table(budget: int, deadline: float | None, policy: dict[str, object], failure: Failure,
+                       now: float, kind: str, dnr: bool, reason: str | None) -> None:
+    action = make(budget, deadline, **policy).on_failure(failure, now=now, u=0.0)
+    assert isinstance(action, GiveUp)
+    assert (action.kind, action.reply.dnr, action.reply.reason) == (kind, dnr, reason)
+
+
+@pytest.mark.parametrize(("delivery", "reply", "left_after", "kind"), [
+    (REFUSED, None, 1, None),           # never reached: all held comes back, one retry spent
+    (ANSWERED, None, 1, None),          # a callee that says nothing spent nothing of ours
+    (ANSWERED, Reply(1), 0, None),      # the callee left 1: it comes back and pays for our retry
+    (ANSWERED, Reply(9), 1, None),      # a reply can return no more than was held
+    (ANSWERED, Reply(0), 0, "exhausted"),
+    (LOST, None, 0, "exhausted"),        # fail closed: sent, no response, the callee may have spent it all
+])
+def test_held_budget_is_settled_by_the_delivery(delivery: str, reply: Reply | None, left_after: int,
+                                                kind: str | None) -> None:
+    state = make(budget=2)
+    assert state.forward() == 2 and state.tab.account.left == 0  # held in escrow while the call is out
+    action = state.on_failure(Failure(delivery=delivery, reply=reply), now=0.0, u=0.0)
+    if kind is None:
+        assert action == Wait(0.0)
+    else:
+        assert isinstance(action, GiveUp) and action.kind == kind
+    assert state.tab.account.left == left_after
+
+
+def test_a_request_that_never_reached_the_callee_may_be_retried_even_if_not_idempotent() -> None:
+    state = make(budget=2, idempotent=False)
+    state.forward()
+    assert state.on_failure(Failure(delivery=REFUSED), now=0.0, u=0.0) == Wait(0.0)
+    assert state.tab.account.left == 1  # only our own retry was spent
+
+
+def test_concurrent_forwards_do_not_double_spend() -> None:
+    tab = Tab(KEY, "edge", True, Account(2), None)
+    a, b = RetryState(RetryPolicy(), tab, "a"), RetryState(RetryPolicy(), tab, "b")
+    assert (a.forward(), b.forward()) == (2, 0)
+
+
+def test_unknown_delivery_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        Failure(delivery="maybe")
+
+
+def test_pushback_lengthens_the_wait() -> None:
+    state = make(backoff=NO_WAIT)
+    assert state.on_failure(Failure(reply=Reply(2, pushback=0.7)), now=0.0, u=0.0) == Wait(0.7)
+    assert make(backoff=NO_WAIT).on_failure(Failure(retry_after=1.5), now=0.0, u=0.0) == Wait(1.5)
+
+
+def test_throttled_when_the_bucket_has_no_token() -> None:
+    action = make().on_failure(Failure(), now=0.0, u=0.0, take_token=lambda now: False)
+    assert isinstance(action, GiveUp) and action.kind == "throttled" and action.reply.dnr
+
+
+def test_deadline_passing_during_the_wait_stops_the_next_attempt() -> None:
+    state = make(deadline=1.0, backoff=Backoff(base=0.5, cap=0.5, jitter=False))
+    assert state.on_failure(Failure(), now=0.0, u=0.0) == Wait(0.5)
+    action = state.resume(1.2)
+    assert isinstance(action, GiveUp) and action.kind == "deadline"
+
+
+def test_on_success_settles_what_the_callee_spent() -> None:
+    state = make(budget=3)
+    state.forward()
+    assert state.on_success(Reply(1)).budget == 1 and state.tab.account.left == 1
+
+
+@pytest.mark.parametrize("bad", [{"attempts": 0}, {"attempts": 1001}, {"budget": -1}, {"deadline": 0},
+                                 {"deadline": -1.0}, {"min_attempt": -1}, {"max_pushback": -1}])
+def test_policy_validation(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [{"base": -1}, {"base": 2.0, "cap": 1.0}, {"multiplier": 0.5}])
+def test_backoff_validation(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Backoff(**bad)  # type: ignore[arg-type]
+
+
+def test_backoff_is_capped_even_for_huge_retry_numbers() -> None:
+    assert Backoff(base=0.1, cap=3.0).delay(10_000, 0.999) <= 3.0
+
+
+def test_bucket_allows_ratio_of_requests_plus_floor() -> None:
+    bucket = TokenBucket(BucketPolicy(ratio=0.1, floor=1.0, max_tokens=100), now=0.0)
+    bucket.deposit(100)
+    granted = sum(bucket.withdraw(0.0) for _ in range(50))
+    assert granted == 11  # 100 * 0.1 earned + 1 floor token
+    assert not bucket.withdraw(0.5)  # half a floor token has refilled: not enough
+    assert bucket.withdraw(1.0)
+
+
+def test_bucket_earned_tokens_are_capped() -> None:
+    bucket = TokenBucket(BucketPolicy(ratio=1.0, floor=0.0, max_tokens=5), now=0.0)
+    bucket.deposit(1000)
+    assert sum(bucket.withdraw(0.0) for _ in range(100)) == 5
+
+
+def test_derived_keys_are_deterministic_and_distinct() -> None:
+    assert derive_key(KEY, "a") == derive_key(KEY, "a")
+    assert derive_key(KEY, "a") != derive_key(KEY, "b")
+    assert derive_key(KEY, "a")[:10] == KEY[:10]
+
+
+def test_minted_keys_sort_by_time_and_are_long_enough() -> None:
+    a, b = mint_key(1000, b"\xff" * 16), mint_key(1001, bytes(16))
+    assert a < b and len(a) == 36

@@ -1,0 +1,298 @@
+"""@askonce.retry and askonce.question: the shells, in one process, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import askonce
+from askonce import NO_WAIT
+
+
+class Target:
+    def __init__(self, fail_first: int = 10**9, exc: type[BaseException] = ConnectionError) -> None:
+        self.calls = 0
+        self.fail_first = fail_first
+        self.exc = exc
+        self.keys: list[str | None] = []
+        self.paths: list[tuple[askonce.Hop, ...]] = []
+
+    def __call__(self) -> str:
+        self.calls += 1
+        q = askonce.current()
+        self.keys.append(None if q is None else q.key)
+        self.paths.append(() if q is None else q.path)
+        if self.calls <= self.fail_first:
+            raise self.exc("down")
+        return "ok"
+
+
+def layer(name: str, inner, attempts: int = 3, **kw):  # type: ignore[no-untyped-def]
+    return askonce.retry(on=ConnectionError, attempts=attempts, layer=name, backoff=NO_WAIT, bucket=None, **kw)(inner)
+
+
+def naive(inner, attempts: int = 3):  # type: ignore[no-untyped-def]
+    def call():  # type: ignore[no-untyped-def]
+        for i in range(attempts):
+            try:
+                return inner()
+            except ConnectionError:
+                if i == attempts - 1:
+                    raise
+    return call
+
+
+def test_three_nested_layers_cost_one_plus_budget_where_plain_loops_cost_27() -> None:
+    plain = Target()
+    with pytest.raises(ConnectionError):
+        naive(naive(naive(plain)))()
+    assert plain.calls == 27
+
+    target = Target()
+    stack = layer("l1", layer("l2", layer("l3", target)))
+    with askonce.question(budget=2), pytest.raises(askonce.BudgetExhausted) as info:
+        stack()
+    assert target.calls == 3
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert info.value.reply.dnr and info.value.reply.reason == "exhausted"
+    assert len(set(target.keys)) == 1  # one question key on every attempt
+
+
+def test_the_innermost_layer_retries_and_the_path_says_so() -> None:
+    target = Target(fail_first=2)
+    stack = layer("l1", layer("l2", layer("l3", target)))
+    with askonce.question(budget=2):
+        assert stack() == "ok"
+    assert [tuple(map(str, p)) for p in target.paths] == [
+        ("l1:1", "l2:1", "l3:1"), ("l1:1", "l2:1", "l3:2"), ("l1:1", "l2:1", "l3:3")]
+
+
+def test_without_a_bound_question_the_outer_layer_mints_one_for_the_inner_layers() -> None:
+    target = Target()
+    stack = layer("l1", layer("l2", target), budget=1)
+    with pytest.raises(askonce.BudgetExhausted):
+        stack()
+    assert target.calls == 2
+    assert len(set(target.keys)) == 1
+
+
+def test_layer_attempt_limit_reraises_the_original_error_with_the_reply_attached() -> None:
+    target = Target()
+    with askonce.question(budget=10), pytest.raises(ConnectionError) as info:
+        layer("only", target, attempts=2)()
+    assert target.calls == 2
+    assert info.value.askonce_reply.budget == 9  # type: ignore[attr-defined]
+
+
+def test_errors_not_named_in_on_are_not_retried() -> None:
+    target = Target(exc=KeyError)
+    with askonce.question(budget=5), pytest.raises(KeyError):
+        layer("x", target)()
+    assert target.calls == 1
+
+
+def test_predicate_on() -> None:
+    target = Target(fail_first=1, exc=ValueError)
+    fn = askonce.retry(on=lambda e: isinstance(e, ValueError), backoff=NO_WAIT, bucket=None)(target)
+    with askonce.question(budget=2):
+        assert fn() == "ok"
+    assert target.calls == 2
+
+
+def test_deadline_stops_retries_and_says_so() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    target = Target()
+    fn = askonce.retry(on=ConnectionError, attempts=10, backoff=askonce.Backoff(base=1.0, cap=1.0, jitter=False),
+                       budget=9, deadline=2.5, clock=lambda: now[0], sleep=sleep, bucket=None)(target)
+    with pytest.raises(askonce.DeadlineExceeded):
+        fn()
+    # attempts at 0, 1 and 2 s; a fourth would start at 3 s, past the 2.5 s deadline, so it is not waited for
+    assert target.calls == 3 and slept == [1.0, 1.0]
+
+
+def test_a_zero_wait_never_calls_sleep() -> None:
+    def sleep(s: float) -> None:
+        raise AssertionError("slept")
+
+    target = Target(fail_first=2)
+    fn = askonce.retry(on=ConnectionError, backoff=NO_WAIT, sleep=sleep, bucket=None)(target)
+    with askonce.question(budget=2):
+        assert fn() == "ok"
+
+
+def test_token_bucket_throttles_retries_per_target() -> None:
+    policy = askonce.BucketPolicy(ratio=0.0, floor=1.0, max_tokens=0)
+    fn = askonce.retry(on=ConnectionError, backoff=NO_WAIT, bucket=policy, target="bucket-test",
+                       clock=lambda: 0.0)(Target())
+    with askonce.question(budget=5), pytest.raises(askonce.RetryThrottled) as info:
+        fn()  # one floor token: one retry, then throttled
+    assert info.value.attempts == 2
+    with askonce.question(budget=5), pytest.raises(askonce.RetryThrottled):
+        fn()
+
+
+def test_inner_give_up_is_passed_on_unchanged_even_if_outer_retries_everything() -> None:
+    target = Target()
+    inner = layer("inner", target)
+    outer = askonce.retry(on=Exception, layer="outer", backoff=NO_WAIT, bucket=None)(inner)
+    with askonce.question(budget=2), pytest.raises(askonce.BudgetExhausted) as info:
+        outer()
+    assert info.value.layer == "inner" and target.calls == 3
+
+
+def test_fanout_children_have_derived_keys_and_share_the_budget() -> None:
+    target = Target()
+    a = layer("a", target)
+    with askonce.question(budget=2) as q:
+        with askonce.fanout("x") as x1, pytest.raises(askonce.GaveUp):
+            a()
+        with askonce.fanout("x") as x2, pytest.raises(askonce.GaveUp):
+            a()
+    assert x1.key == x2.key != q.key
+    assert target.calls == 4  # 3 for the first child (budget 2), then 1: the budget is shared
+
+
+def test_iterator_form() -> None:
+    target = Target(fail_first=2)
+    with askonce.question(budget=2):
+        for attempt in askonce.retry(on=ConnectionError, layer="blk", backoff=NO_WAIT, bucket=None):
+            with attempt:
+                target()
+    assert target.calls == 3
+    assert [str(p[-1]) for p in target.paths] == ["blk:1", "blk:2", "blk:3"]
+
+
+def test_iterator_form_gives_up_visibly() -> None:
+    target = Target()
+    with askonce.question(budget=1), pytest.raises(askonce.BudgetExhausted):
+        for attempt in askonce.retry(on=ConnectionError, backoff=NO_WAIT, bucket=None):
+            with attempt:
+                target()
+    assert target.calls == 2
+
+
+async def test_async_layers_nest_like_sync_ones() -> None:
+    calls = 0
+
+    async def target() -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0)
+        raise ConnectionError("down")
+
+    def alayer(name: str, inner):  # type: ignore[no-untyped-def]
+        return askonce.retry(on=ConnectionError, layer=name, backoff=NO_WAIT, bucket=None)(inner)
+
+    stack = alayer("a1", alayer("a2", alayer("a3", target)))
+    async with askonce.question(budget=2):
+        with pytest.raises(askonce.BudgetExhausted):
+            await stack()
+    assert calls == 3
+
+
+async def test_async_iterator_form_and_sibling_tasks_share_the_budget() -> None:
+    calls = 0
+
+    async def sibling() -> None:
+        nonlocal calls
+        async for attempt in askonce.retry(on=ConnectionError, backoff=askonce.Backoff(base=0.001, cap=0.001),
+                                           bucket=None):
+            with attempt:
+                calls += 1
+                await asyncio.sleep(0)
+                raise ConnectionError
+
+    async with askonce.question(budget=3):
+        results = await asyncio.gather(*(sibling() for _ in range(4)), return_exceptions=True)
+    assert all(isinstance(r, askonce.GaveUp) for r in results)
+    assert calls == 4 + 3  # four first attempts, three retries in all
+
+
+def test_threads_spend_one_budget_atomically() -> None:
+    calls = 0
+    lock = threading.Lock()
+
+    def target() -> None:
+        nonlocal calls
+        with lock:
+            calls += 1
+        raise ConnectionError
+
+    fn = layer("t", target, attempts=100)
+    with askonce.question(budget=50):
+        ctx = contextvars.copy_context()
+        threads = [threading.Thread(target=lambda: ctx.copy().run(_swallow, fn)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert calls == 8 + 50
+
+
+def _swallow(fn) -> None:  # type: ignore[no-untyped-def]
+    with contextlib.suppress(Exception):
+        fn()
+
+
+def test_decorated_functions_keep_their_names() -> None:
+    @askonce.retry()
+    def fetch_user(user_id: int) -> int:
+        return user_id
+
+    assert fetch_user.__name__ == "fetch_user" and fetch_user(3) == 3
+
+
+@pytest.mark.parametrize("bad", [{"attempts": 0}, {"layer": "has space"}, {"on": ()}, {"on": 3},
+                                 {"budget": -2}])
+def test_bad_configuration_is_a_clear_value_error(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        askonce.retry(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [{"budget": -1}, {"deadline": 0}, {"origin": "no spaces"}])
+def test_bad_question_arguments(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        askonce.question(**bad)  # type: ignore[arg-type]
+
+
+def test_current_is_none_outside_and_bound_inside() -> None:
+    assert askonce.current() is None
+    with askonce.question(budget=1, deadline=None, origin="web") as q:
+        assert askonce.current() == q
+        assert q.edge and q.origin == "web" and q.budget == 1
+    assert askonce.current() is None
+
+
+def test_inject_extract_round_trip_and_serve_replies() -> None:
+    headers: dict[str, str] = {}
+    assert not askonce.inject(headers)
+    with askonce.question(budget=2, deadline=10.0) as q:
+        assert askonce.inject(headers, timeout=1.0)
+    got = askonce.extract(headers)
+    assert got is not None and got.key == q.key and got.budget == 2
+    assert got.deadline is not None
+
+
+def test_malformed_headers_are_counted_not_raised() -> None:
+    before = askonce.stats().get("malformed.question.version", 0)
+    assert askonce.extract({"askonce-question": "v=9, b=1"}) is None
+    assert askonce.stats()["malformed.question.version"] == before + 1
+
+
+def test_import_askonce_pulls_in_no_asyncio_and_no_framework() -> None:
+    code = ("import sys, askonce; bad = [m for m in ('asyncio', 'httpx', 'requests', 'grpc', 'redis', "
+            "'starlette', 'fastapi', 'flask') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,169 @@
+"""The wire format: strict, bounded, never raising; clamped to the receiver's limits."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from askonce.core import wire
+from askonce.core.question import Hop, mint_key
+from askonce.core.wire import Limits, Malformed, Reply, format_question, format_reply, parse_question, parse_reply
+
+KEY = mint_key(1_700_000_000_000, bytes(range(16)))
+
+
+def test_question_round_trip_with_every_member() -> None:
+    text = format_question(KEY, "edge", True, 2, 2.5, (Hop("edge", 1), Hop("gw", 2)))
+    assert text == f'v=1, k="{KEY}", o=edge, e, b=2, d=2500, p=(edge:1 gw:2)'
+    q = parse_question(text, now=100.0)
+    assert not isinstance(q, Malformed)
+    assert (q.key, q.origin, q.edge, q.budget, q.path) == (KEY, "edge", True, 2, (Hop("edge", 1), Hop("gw", 2)))
+    assert q.deadline == pytest.approx(102.5)
+
+
+def test_minimal_question_has_no_deadline_and_no_path() -> None:
+    q = parse_question(f'v=1, k="{KEY}", o=svc, b=0', now=0.0)
+    assert not isinstance(q, Malformed)
+    assert (q.edge, q.budget, q.deadline, q.path) == (False, 0, None, ())
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (f'v=2, k="{KEY}", o=edge, b=1', "version"),
+        (f'k="{KEY}", o=edge, b=1', "version"),
+        (f'v="1", k="{KEY}", o=edge, b=1', "version"),
+        (f'v=1, k="{KEY}", o=edge, b=-1', "budget"),
+        (f'v=1, k="{KEY}", o=edge, b=1001', "budget"),
+        (f'v=1, k="{KEY}", o=edge, b=1.5', "syntax"),
+        (f'v=1, k="{KEY}", o=edge', "budget"),
+        (f'v=1, k="{KEY}", o=edge, b=1, d=-5', "deadline"),
+        (f'v=1, k="{KEY}", o=edge, b=1, d=86400001', "deadline"),
+        (f'v=1, k="{KEY}", o=edge, b=1, b=2', "duplicate"),
+        ('v=1, k="short", o=edge, b=1', "key"),
+        ('v=1, k="bad key with spaces!!", o=edge, b=1', "key"),
+        (f'v=1, k="{KEY}", o="edge", b=1', "origin"),
+        (f'v=1, k="{KEY}", o=edge, e=1, b=1', "edge"),
+        (f'v=1, k="{KEY}", o=edge, b=1, p=(gw)', "path"),
+        (f'v=1, k="{KEY}", o=edge, b=1, p=(gw:0)', "path"),
+        (f'v=1, k="{KEY}", o=edge, b=1, p=("gw:1")', "path"),
+        (f'v=1, k="{KEY}", o=edge, b=1, p=gw:1', "path"),
+        (f'v=1, k="{KEY}", o=edge, b=1;x=1', "syntax"),
+        (f'v=1, k="{KEY}", o=edge, b=1,', "syntax"),
+        (f'v=1,, k="{KEY}", o=edge, b=1', "syntax"),
+        (f'V=1, k="{KEY}", o=edge, b=1', "syntax"),
+        (f'v=1, k="{KEY}", o=édge, b=1', "not-ascii"),
+        ("", "version"),
+        ("v=1, " + "x=1, " * 600, "too-long"),
+    ],
+)
+def test_malformed_questions_are_rejected_whole_with_a_reason(text: str, reason: str) -> None:
+    assert parse_question(text, now=0.0) == Malformed(reason)
+
+
+def test_path_longer_than_the_limit_is_rejected() -> None:
+    hops = " ".join(f"l{i}:1" for i in range(wire.MAX_HOPS + 1))
+    assert parse_question(f'v=1, k="{KEY}", o=edge, b=1, p=({hops})', now=0.0) == Malformed("path")
+
+
+def test_format_keeps_the_hops_nearest_the_target_when_the_path_is_too_long() -> None:
+    path = tuple(Hop(f"l{i}", 1) for i in range(40))
+    q = parse_question(format_question(KEY, "edge", True, 1, None, path), now=0.0)
+    assert not isinstance(q, Malformed)
+    assert q.path == path[-wire.MAX_HOPS:]
+
+
+def test_unknown_members_are_ignored_within_a_version() -> None:
+    q = parse_question(f'v=1, k="{KEY}", o=edge, b=1, future=?1, zz=(a b)', now=0.0)
+    assert not isinstance(q, Malformed) and q.budget == 1
+
+
+@pytest.mark.parametrize(("sent_budget", "sent_ms", "budget", "deadline"), [
+    (2, 1000, 2, 1.0),        # within limits: kept
+    (50, 1000, 5, 1.0),       # budget above the receiver's maximum: clamped
+    (2, 600_000, 2, 60.0),    # deadline above the receiver's maximum: clamped
+    (1000, 86_400_000, 5, 60.0),
+])
+def test_incoming_budget_and_deadline_are_clamped(sent_budget: int, sent_ms: int, budget: int,
+                                                   deadline: float) -> None:
+    q = parse_question(f'v=1, k="{KEY}", o=edge, b={sent_budget}, d={sent_ms}', now=10.0,
+                       limits=Limits(max_budget=5, max_deadline=60.0))
+    assert not isinstance(q, Malformed)
+    assert q.budget == budget
+    assert q.deadline == pytest.approx(10.0 + deadline)
+
+
+def test_bytes_input_is_accepted_and_bad_bytes_rejected() -> None:
+    assert not isinstance(parse_question(f'v=1, k="{KEY}", o=edge, b=1'.encode(), now=0.0), Malformed)
+    assert parse_question(b"v=1, k=\xff", now=0.0) == Malformed("not-ascii")
+
+
+@pytest.mark.parametrize("reply", [
+    Reply(0), Reply(3, True, "exhausted"), Reply(0, True, "overloaded", 0.5), Reply(1, False, None, 2.0),
+    Reply(0, True, "breaker-open"),
+])
+def test_reply_round_trip(reply: Reply) -> None:
+    assert parse_reply(format_reply(reply)) == reply
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("v=1", "budget"), ("v=1, b=-1", "budget"), ("v=3, b=1", "version"), ("v=1, b=1, dnr=2", "dnr"),
+    ('v=1, b=1, r="cap"', "reason"), ("v=1, b=1, pb=-1", "pushback"), ("v=1, b=1, dnr, dnr", "duplicate"),
+])
+def test_malformed_replies(text: str, reason: str) -> None:
+    assert parse_reply(text) == Malformed(reason)
+
+
+def test_string_escapes_are_unescaped() -> None:
+    d = wire.parse_dictionary(r'a="x\"y\\z"')
+    assert d == {"a": 'x"y\\z'}
+
+
+def test_byte_sequences_and_booleans_and_tokens() -> None:
+    d = wire.parse_dictionary("a=:aGVsbG8=:, b=?0, c=tok/en:x, d")
+    assert d == {"a": b"hello", "b": False, "c": "tok/en:x", "d": True}
+    assert isinstance(d, dict) and isinstance(d["c"], wire.Token)
+
+
+@given(st.text(max_size=300))
+def test_parse_never_raises_on_any_text(text: str) -> None:
+    parse_question(text, now=0.0)
+    parse_reply(text)
+
+
+@given(st.binary(max_size=300))
+def test_parse_never_raises_on_any_bytes(data: bytes) -> None:
+    parse_question(data, now=0.0)
+    parse_reply(data)
+
+
+names = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,31}", fullmatch=True)
+
+
+@given(
+    key=st.binary(min_size=16, max_size=16).map(lambda b: mint_key(1, b)),
+    origin=names,
+    edge=st.booleans(),
+    budget=st.integers(0, 10),
+    remaining=st.none() | st.integers(0, 300_000),
+    path=st.lists(st.tuples(names, st.integers(1, 1000)), max_size=wire.MAX_HOPS),
+)
+def test_question_round_trip_property(key: str, origin: str, edge: bool, budget: int, remaining: int | None,
+                                      path: list[tuple[str, int]]) -> None:
+    hops = tuple(Hop(a, b) for a, b in path)
+    text = format_question(key, origin, edge, budget, None if remaining is None else remaining / 1000, hops)
+    q = parse_question(text, now=0.0, limits=Limits(max_budget=10, max_deadline=300.0))
+    assert not isinstance(q, Malformed)
+    assert (q.key, q.origin, q.edge, q.budget, q.path) == (key, origin, edge, budget, hops)
+    if remaining is None:
+        assert q.deadline is None
+    else:
+        assert q.deadline == pytest.approx(remaining / 1000)
+
+
+@given(budget=st.integers(0, 1000), dnr=st.booleans(), reason=st.none() | st.sampled_from(sorted(wire.REASONS)),
+       pushback_ms=st.none() | st.integers(0, 86_400_000))
+def test_reply_round_trip_property(budget: int, dnr: bool, reason: str | None, pushback_ms: int | None) -> None:
+    reply = Reply(budget, dnr, reason, None if pushback_ms is None else pushback_ms / 1000)
+    assert parse_reply(format_reply(reply)) == reply
