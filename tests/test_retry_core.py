@@ -7,7 +7,7 @@ import pytest
 from askonce.core.backoff import NO_WAIT, Backoff
 from askonce.core.bucket import BucketPolicy, TokenBucket
 from askonce.core.question import Account, Hop, Tab, derive_key, mint_key
-from askonce.core.retry import ANSWERED, LOST, REFUSED, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.retry import ANSWERED, LOST, REFUSED, Acquire, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
 from askonce.core.wire import Reply
 
 KEY = mint_key(0, bytes(16))
@@ -106,8 +106,24 @@ def test_pushback_lengthens_the_wait() -> None:
 
 
 def test_throttled_when_the_bucket_has_no_token() -> None:
-    action = make().on_failure(Failure(), now=0.0, u=0.0, take_token=lambda now: False)
+    tab = Tab(KEY, "edge", True, Account(2), None)
+    state = RetryState(RetryPolicy(backoff=NO_WAIT), tab, "svc", bucket=True)
+    assert isinstance(state.on_failure(Failure(), now=0.0, u=0.0), Acquire)
+    action = state.acquired(False, now=0.0)
     assert isinstance(action, GiveUp) and action.kind == "throttled" and action.reply.dnr
+    assert tab.account.left == 2  # a throttled retry spends nothing
+
+
+def test_a_granted_token_leads_to_the_wait() -> None:
+    tab = Tab(KEY, "edge", True, Account(2), None)
+    state = RetryState(RetryPolicy(backoff=NO_WAIT), tab, "svc", bucket=True)
+    state.on_failure(Failure(), now=0.0, u=0.0)
+    assert state.acquired(True, now=0.0) == Wait(0.0) and tab.account.left == 1
+
+
+def test_breaker_open_tells_the_caller_when_to_come_back() -> None:
+    action = make().breaker_open(now=10.0, retry_at=12.5)
+    assert action.kind == "breaker-open" and action.reply.dnr and action.reply.pushback == 2.5
 
 
 def test_deadline_passing_during_the_wait_stops_the_next_attempt() -> None:

@@ -30,7 +30,7 @@ from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
 from askonce.core.question import Account, Frame, Hop, Tab
-from askonce.core.retry import Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait
 from askonce.core.wire import valid_name
 from askonce.errors import error_for, failure_of
 from askonce.stores.memory import BucketHandle, MemoryStore
@@ -133,9 +133,6 @@ class retry:  # spelled like a function: it is used as a decorator
         deadline = None if p.deadline is None else self._clock() + p.deadline
         return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key), ()
 
-    def _failure(self, exc: BaseException) -> Failure:
-        return failure_of(exc)
-
     def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState) -> None:
         err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt)
         if err is last:
@@ -164,8 +161,8 @@ class retry:  # spelled like a function: it is used as a decorator
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             tab, path = self._frame(layer)
             bucket = self._bucket(layer)
-            state = RetryState(policy, tab, layer)
-            action: Attempt | Wait | GiveUp = state.start(clock())
+            state = RetryState(policy, tab, layer, bucket is not None)
+            action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
             last: BaseException | None = None
             if bucket is not None:
                 bucket.deposit()
@@ -181,8 +178,10 @@ class retry:  # spelled like a function: it is used as a decorator
                     last = exc
                 finally:
                     _frame.reset(token)
-                action = state.on_failure(self._failure(last), clock(), rand(),
-                                          None if bucket is None else bucket.withdraw)
+                action = state.on_failure(failure_of(last), clock(), rand())
+                if type(action) is Acquire:
+                    now = clock()
+                    action = state.acquired(bucket is not None and bucket.withdraw(now), now)
                 if type(action) is Wait:
                     if action.seconds > 0:
                         sleep(action.seconds)
@@ -201,8 +200,8 @@ class retry:  # spelled like a function: it is used as a decorator
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             tab, path = self._frame(layer)
             bucket = self._bucket(layer)
-            state = RetryState(policy, tab, layer)
-            action: Attempt | Wait | GiveUp = state.start(clock())
+            state = RetryState(policy, tab, layer, bucket is not None)
+            action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
             last: BaseException | None = None
             if bucket is not None:
                 bucket.deposit()
@@ -218,8 +217,10 @@ class retry:  # spelled like a function: it is used as a decorator
                     last = exc
                 finally:
                     _frame.reset(token)
-                action = state.on_failure(self._failure(last), clock(), rand(),
-                                          None if bucket is None else bucket.withdraw)
+                action = state.on_failure(failure_of(last), clock(), rand())
+                if type(action) is Acquire:
+                    now = clock()
+                    action = state.acquired(bucket is not None and bucket.withdraw(now), now)
                 if type(action) is Wait:
                     if action.seconds > 0:
                         result = sleep(action.seconds)
@@ -269,8 +270,8 @@ class _Run:
         self.owner = owner
         self.tab, self.path = owner._frame(layer)
         self.bucket = owner._bucket(layer)
-        self.state = RetryState(owner.policy, self.tab, layer)
-        self.action: Attempt | Wait | GiveUp = self.state.start(owner._clock())
+        self.state = RetryState(owner.policy, self.tab, layer, self.bucket is not None)
+        self.action: Attempt | Wait | Acquire | GiveUp = self.state.start(owner._clock())
         self.last: BaseException | None = None
         if self.bucket is not None:
             self.bucket.deposit()
@@ -288,8 +289,10 @@ class _Run:
             raise RuntimeError("askonce.retry: each attempt must be used as `with attempt:`")
         owner, bucket = self.owner, self.bucket
         self.last = ctx.error
-        self.action = self.state.on_failure(owner._failure(ctx.error), owner._clock(), owner._random(),
-                                            None if bucket is None else bucket.withdraw)
+        self.action = self.state.on_failure(failure_of(ctx.error), owner._clock(), owner._random())
+        if type(self.action) is Acquire:
+            now = owner._clock()
+            self.action = self.state.acquired(bucket is not None and bucket.withdraw(now), now)
         return self.action.seconds if type(self.action) is Wait else 0.0
 
 

@@ -6,8 +6,9 @@ no decision of their own::
     state = RetryState(policy, tab, layer)
     action = state.start(now)                 # Attempt | GiveUp
     ...the attempt fails...
-    action = state.on_failure(failure, now, u, take_token)   # Wait | GiveUp
-    ...sleep action.seconds (never when it is 0)...
+    action = state.on_failure(failure, now, u)  # Wait | Acquire | GiveUp
+    ...on Acquire: take a token from the bucket (I/O), action = state.acquired(ok, now)...
+    ...on Wait: sleep action.seconds (never when it is 0)...
     action = state.resume(now)                # Attempt | GiveUp
 
 ``on_failure`` enforces, in this order:
@@ -22,7 +23,7 @@ no decision of their own::
 4. the callee's do-not-retry flag, which is passed on upward;
 5. pushback and Retry-After, which lengthen the wait (and beyond ``max_pushback`` end the question);
 6. the layer's own attempt limit;
-7. the per-client token bucket (``take_token``);
+7. the per-client token bucket (``Acquire``: the shell takes the token, wherever the bucket lives);
 8. backoff with full jitter.
 
 A retry spends one from the shared account at once, so a sibling call of the same question sees the
@@ -31,7 +32,6 @@ lower budget before this layer even sleeps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -110,6 +110,16 @@ class Wait(NamedTuple):
     seconds: float
 
 
+class Acquire(NamedTuple):
+    """Take one retry token from the per-target bucket, then call ``RetryState.acquired(ok, now)``.
+
+    The bucket may live in another process (Redis), so taking the token is the shell's I/O; the core
+    only says when in the order of checks it is needed.
+    """
+
+    target: str | None = None
+
+
 class GiveUp(NamedTuple):
     """The end of this layer's tries. ``kind`` says why; ``reply`` is what to tell the caller."""
 
@@ -125,14 +135,17 @@ class GiveUp(NamedTuple):
 class RetryState:
     """The state of one call at one layer: which attempt it is on and when it started."""
 
-    __slots__ = ("attempt", "held", "layer", "policy", "tab")
+    __slots__ = ("_floor", "_u", "attempt", "bucket", "held", "layer", "policy", "tab")
 
-    def __init__(self, policy: RetryPolicy, tab: Tab, layer: str) -> None:
+    def __init__(self, policy: RetryPolicy, tab: Tab, layer: str, bucket: bool = False) -> None:
         self.policy = policy
         self.tab = tab
         self.layer = layer
+        self.bucket = bucket  # does a retry need a token from a per-target bucket?
         self.attempt = 1
         self.held = 0
+        self._floor = 0.0
+        self._u = 0.0
 
     def forward(self) -> int:
         """Before sending an attempt to another process: hold the budget to forward with it."""
@@ -158,13 +171,7 @@ class RetryState:
             return self._give_up("deadline", True, "deadline")
         return Attempt(1, Hop(self.layer, 1))
 
-    def on_failure(
-        self,
-        failure: Failure,
-        now: float,
-        u: float,
-        take_token: Callable[[float], bool] | None = None,
-    ) -> Wait | GiveUp:
+    def on_failure(self, failure: Failure, now: float, u: float) -> Wait | Acquire | GiveUp:
         """Decide after a failed attempt; ``u`` is a uniform draw in [0, 1) for the jitter."""
         policy, account, reply = self.policy, self.tab.account, failure.reply
         self._settle(failure.delivery, reply)
@@ -184,15 +191,31 @@ class RetryState:
             return self._give_up("pushback", True, "overloaded", floor)
         if self.attempt >= policy.attempts:
             return self._give_up("attempts")
-        if take_token is not None and not take_token(now):
+        self._floor, self._u = floor, u
+        if self.bucket:
+            return Acquire()
+        return self._backoff(now)
+
+    def acquired(self, ok: bool, now: float) -> Wait | GiveUp:
+        """The shell took (or failed to take) the retry token that ``Acquire`` asked for."""
+        if not ok:
             return self._give_up("throttled", True, "throttled")
-        wait = max(floor, policy.backoff.delay(self.attempt, u))
+        return self._backoff(now)
+
+    def _backoff(self, now: float) -> Wait | GiveUp:
+        account = self.tab.account
+        wait = max(self._floor, self.policy.backoff.delay(self.attempt, self._u))
         if not self._fits(now, wait):
             return self._give_up("deadline", True, "deadline")
         if not account.spend(1):  # a sibling took the last retry between our check and now
             return self._give_up("exhausted", True, "exhausted")
         self.attempt += 1
         return Wait(wait)
+
+    def breaker_open(self, now: float, retry_at: float | None) -> GiveUp:
+        """The target's breaker refused the attempt: tell the caller not to retry, and when to come back."""
+        pushback = None if retry_at is None else max(0.0, retry_at - now)
+        return self._give_up("breaker-open", True, "breaker-open", pushback)
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
