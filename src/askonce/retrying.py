@@ -30,7 +30,7 @@ from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
 from askonce.core.question import Account, Frame, Hop, Tab
-from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait, fits
 from askonce.core.wire import valid_name
 from askonce.errors import error_for, failure_of
 from askonce.stores.memory import BucketHandle, MemoryStore
@@ -154,22 +154,30 @@ class retry:  # spelled like a function: it is used as a decorator
 
     def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
         sleep = self._sleep or time.sleep
-        clock, rand, matches = self._clock, self._random, self._matches
-        policy = self.policy
+        clock, rand, matches, policy = self._clock, self._random, self._matches, self.policy
+        first = (Hop(layer, 1),)
+        budget, originator, minter = policy.budget, self.originator, context.new_key
+        get, set_, reset = _frame.get, _frame.set, _frame.reset
 
-        @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            tab, path = self._frame(layer)
-            bucket = self._bucket(layer)
+        def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
+                              last: BaseException | None, args: Any, kwargs: Any) -> T:
             state = RetryState(policy, tab, layer, bucket is not None)
-            action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
-            last: BaseException | None = None
-            if bucket is not None:
-                bucket.deposit()
+            action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
+            if last is None:  # the first attempt was refused before it started
+                action = state.start(clock())
             while True:
+                if last is not None:
+                    action = state.on_failure(failure_of(last), clock(), rand())
+                    if type(action) is Acquire:
+                        now = clock()
+                        action = state.acquired(bucket is not None and bucket.withdraw(now), now)
+                    if type(action) is Wait:
+                        if action.seconds > 0:
+                            sleep(action.seconds)
+                        action = state.resume(clock())
                 if type(action) is not Attempt:
                     self._raise(cast(GiveUp, action), last, state)
-                token = _frame.set((tab, (*path, cast(Attempt, action).hop)))
+                token = set_((tab, (*path, cast(Attempt, action).hop)))
                 try:
                     return fn(*args, **kwargs)
                 except BaseException as exc:
@@ -177,15 +185,36 @@ class retry:  # spelled like a function: it is used as a decorator
                         raise
                     last = exc
                 finally:
-                    _frame.reset(token)
-                action = state.on_failure(failure_of(last), clock(), rand())
-                if type(action) is Acquire:
-                    now = clock()
-                    action = state.acquired(bucket is not None and bucket.withdraw(now), now)
-                if type(action) is Wait:
-                    if action.seconds > 0:
-                        sleep(action.seconds)
-                    action = state.resume(clock())
+                    reset(token)
+
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            # The success path, kept flat: one context read, one bind, no state object. Every decision
+            # after a failure is RetryState's, in retry_after_first.
+            frame = get()
+            if frame is None:
+                deadline = policy.deadline
+                tab = Tab(None, layer, originator, Account(budget),
+                          None if deadline is None else clock() + deadline, minter)
+                path: tuple[Hop, ...] = ()
+            else:
+                tab, path = frame
+                # A question minted just now has its whole deadline ahead; one bound above may not.
+                if tab.deadline is not None and not fits(policy, tab.deadline, clock()):
+                    return retry_after_first(tab, path, self._bucket(layer), None, args, kwargs)
+            bucket = self._handle if self._handle is not None else self._bucket(layer)
+            if bucket is not None:
+                bucket.deposit()
+            token = set_((tab, path + first))
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                if not matches(exc):
+                    raise
+                last = exc
+            finally:
+                reset(token)
+            return retry_after_first(tab, path, bucket, last, args, kwargs)
 
         return call
 
@@ -193,22 +222,35 @@ class retry:  # spelled like a function: it is used as a decorator
         import asyncio  # only when an async function is decorated: `import askonce` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
-        clock, rand, matches = self._clock, self._random, self._matches
-        policy = self.policy
+        clock, rand, matches, policy = self._clock, self._random, self._matches, self.policy
+        first = (Hop(layer, 1),)
+        budget, originator, minter = policy.budget, self.originator, context.new_key
+        get, set_, reset = _frame.get, _frame.set, _frame.reset
 
-        @functools.wraps(fn)
-        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            tab, path = self._frame(layer)
-            bucket = self._bucket(layer)
+        async def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
+                                    last: BaseException | None, args: Any, kwargs: Any) -> T:
             state = RetryState(policy, tab, layer, bucket is not None)
-            action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
-            last: BaseException | None = None
-            if bucket is not None:
-                bucket.deposit()
+            action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
+            if last is None:
+                action = state.start(clock())
             while True:
+                if last is not None:
+                    action = state.on_failure(failure_of(last), clock(), rand())
+                    if type(action) is Acquire:
+                        now = clock()
+                        ok = bucket is not None and bucket.withdraw(now)
+                        if inspect.isawaitable(ok):
+                            ok = await ok
+                        action = state.acquired(bool(ok), now)
+                    if type(action) is Wait:
+                        if action.seconds > 0:
+                            result = sleep(action.seconds)
+                            if inspect.isawaitable(result):
+                                await result
+                        action = state.resume(clock())
                 if type(action) is not Attempt:
                     self._raise(cast(GiveUp, action), last, state)
-                token = _frame.set((tab, (*path, cast(Attempt, action).hop)))
+                token = set_((tab, (*path, cast(Attempt, action).hop)))
                 try:
                     return await fn(*args, **kwargs)
                 except BaseException as exc:
@@ -216,17 +258,34 @@ class retry:  # spelled like a function: it is used as a decorator
                         raise
                     last = exc
                 finally:
-                    _frame.reset(token)
-                action = state.on_failure(failure_of(last), clock(), rand())
-                if type(action) is Acquire:
-                    now = clock()
-                    action = state.acquired(bucket is not None and bucket.withdraw(now), now)
-                if type(action) is Wait:
-                    if action.seconds > 0:
-                        result = sleep(action.seconds)
-                        if inspect.isawaitable(result):
-                            await result
-                    action = state.resume(clock())
+                    reset(token)
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            frame = get()
+            if frame is None:
+                deadline = policy.deadline
+                tab = Tab(None, layer, originator, Account(budget),
+                          None if deadline is None else clock() + deadline, minter)
+                path: tuple[Hop, ...] = ()
+            else:
+                tab, path = frame
+                # A question minted just now has its whole deadline ahead; one bound above may not.
+                if tab.deadline is not None and not fits(policy, tab.deadline, clock()):
+                    return await retry_after_first(tab, path, self._bucket(layer), None, args, kwargs)
+            bucket = self._handle if self._handle is not None else self._bucket(layer)
+            if bucket is not None:
+                bucket.deposit()
+            token = set_((tab, path + first))
+            try:
+                return await fn(*args, **kwargs)
+            except BaseException as exc:
+                if not matches(exc):
+                    raise
+                last = exc
+            finally:
+                reset(token)
+            return await retry_after_first(tab, path, bucket, last, args, kwargs)
 
         return call
 

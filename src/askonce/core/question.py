@@ -155,9 +155,7 @@ class Tab:
         deadline: float | None,
         minter: Callable[[], str] | None = None,
     ) -> None:
-        if key is None and minter is None:
-            raise ValueError("a Tab needs a key or a minter")
-        self._key = key
+        self._key = key  # None: minted on first use by ``minter``
         self._minter = minter
         self.origin = origin
         self.edge = edge
@@ -168,7 +166,8 @@ class Tab:
     def key(self) -> str:
         key = self._key
         if key is None:
-            assert self._minter is not None  # guaranteed by __init__
+            if self._minter is None:
+                raise ValueError("a Tab made without a key needs a minter")
             key = self._key = self._minter()
         return key
 

@@ -61,6 +61,8 @@ class RetryPolicy:
             raise ValueError(f"deadline must be within (0, 86400] s or None, got {self.deadline!r}")
         if not 0 <= self.min_attempt <= 3600:
             raise ValueError(f"min_attempt must be within 0..3600 s, got {self.min_attempt!r}")
+        if self.deadline is not None and self.min_attempt >= self.deadline:
+            raise ValueError("min_attempt must be shorter than the deadline, or no attempt could ever start")
         if not 0 <= self.max_pushback <= 86_400:
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
 
@@ -132,6 +134,15 @@ class GiveUp(NamedTuple):
         return self.reply.reason
 
 
+def fits(policy: RetryPolicy, deadline: float | None, now: float, wait: float = 0.0) -> bool:
+    """May an attempt start after ``wait`` seconds and still have ``min_attempt`` before the deadline?
+
+    The first-attempt check of :meth:`RetryState.start`, exposed so that a shell's success path can
+    make it without building a state for a call that will most likely succeed.
+    """
+    return deadline is None or now + wait + policy.min_attempt < deadline
+
+
 class RetryState:
     """The state of one call at one layer: which attempt it is on and when it started."""
 
@@ -162,8 +173,7 @@ class RetryState:
         return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
 
     def _fits(self, now: float, wait: float) -> bool:
-        deadline = self.tab.deadline
-        return deadline is None or now + wait + self.policy.min_attempt < deadline
+        return fits(self.policy, self.tab.deadline, now, wait)
 
     def start(self, now: float) -> Attempt | GiveUp:
         """The first attempt, unless the deadline has already passed."""
