@@ -101,8 +101,11 @@ def attach_reply(exc: BaseException, reply: Reply) -> None:
         exc.askonce_reply = reply  # type: ignore[attr-defined]
 
 
-def reply_of(exc: BaseException) -> Reply | None:
+def reply_of(exc: object) -> Reply | None:
+    """The reply an exception (or the response it wraps, as httpx/requests status errors do) carries."""
     reply = getattr(exc, "askonce_reply", None)
+    if reply is None:  # httpx.HTTPStatusError / requests.HTTPError: the give-up rode on the response
+        reply = getattr(getattr(exc, "response", None), "askonce_reply", None)
     return reply if isinstance(reply, Reply) else None
 
 

@@ -1,0 +1,410 @@
+"""The client shell for calls to another process: one loop shared by the httpx, requests and gRPC clients.
+
+An integration describes one outgoing call as an :class:`Exchange` (send an attempt with a header, judge
+what came back, discard a failed attempt's response) and hands it to :meth:`Caller.call` or ``acall``.
+Every decision is :class:`~askonce.core.retry.RetryState`'s; the loop (``_flow``) is a generator that
+yields the I/O it needs, so the sync and async callers share it line for line::
+
+    bind or mint the question -> deposit in the target's bucket -> start
+    per attempt: breaker allows? -> hold the budget (forward) -> header -> send -> judge
+      answer:   on_success settles the budget from the reply -> return the response
+      failure:  on_failure -> Acquire (bucket) -> Wait (discard the response, sleep) -> resume
+      give-up:  return the last response with the reply attached; with none, raise ``errors.error_for``
+
+A returned give-up carries ``response.askonce_reply``, and every give-up is recorded for
+:func:`last_reply`: a server middleware reads it (inside :func:`replies`) to pass a downstream
+do-not-retry on even when the handler turned the downstream error into a response of its own.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import inspect
+import math
+import random as _random
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
+
+from askonce import context
+from askonce.core.breaker import BreakerPolicy
+from askonce.core.bucket import BucketPolicy
+from askonce.core.question import Account, Tab
+from askonce.core.retry import ANSWERED, LOST, REFUSED, Acquire, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.wire import Reply, valid_name
+from askonce.errors import CircuitOpen, error_for
+from askonce.stores.base import AsyncBreakerHandle, AsyncBucketHandle, AsyncStore, BreakerHandle, BucketHandle, Store
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+MAX_RETRY_AFTER = 86_400.0
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPolicy:
+    """How one client layer calls other processes.
+
+    ``retry``: attempts, backoff, and the budget and deadline of questions this layer mints when nothing is
+    bound (``originator=True`` mints attributable edge keys, otherwise local ones). A failed HTTP response is
+    retried when its status is in ``retry_statuses``, or in ``throttle_statuses`` *and* it says when to come
+    back (Retry-After): a throttled client that guesses its own wait only adds to the load. Methods in
+    ``idempotent_methods``, or any request carrying ``idempotency_header``, may be retried after they may
+    have reached the target; others only when the connection was refused, unless ``retry_non_idempotent``.
+    ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
+    ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
+    ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past it
+    the connection is closed instead.
+    """
+
+    layer: str = "client"
+    retry: RetryPolicy = DEFAULT_RETRY
+    retry_statuses: frozenset[int] = frozenset({502, 503, 504})
+    throttle_statuses: frozenset[int] = frozenset({429})
+    idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS
+    idempotency_header: str | None = "Idempotency-Key"
+    retry_non_idempotent: bool = False
+    originator: bool = False
+    bucket: BucketPolicy | None = BucketPolicy()
+    breaker: BreakerPolicy | None = None
+    attempt_timeout: float | None = None
+    max_discard: int = 65_536
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, str) or not valid_name(self.layer):
+            raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
+        for name, kinds in (("retry", RetryPolicy), ("bucket", (BucketPolicy, type(None))),
+                            ("breaker", (BreakerPolicy, type(None)))):
+            if not isinstance(getattr(self, name), kinds):
+                raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), got {getattr(self, name)!r}")
+        for name in ("retry_statuses", "throttle_statuses"):
+            statuses = getattr(self, name)
+            if not all(type(s) is int and 100 <= s <= 599 for s in statuses):
+                raise ValueError(f"{name} must hold HTTP status codes (100..599), got {statuses!r}")
+            object.__setattr__(self, name, frozenset(statuses))
+        if not all(isinstance(m, str) and m.isascii() and m.isalpha() for m in self.idempotent_methods):
+            raise ValueError(f"idempotent_methods must be method names, got {self.idempotent_methods!r}")
+        object.__setattr__(self, "idempotent_methods", frozenset(m.upper() for m in self.idempotent_methods))
+        header = self.idempotency_header
+        if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
+            raise ValueError(f"idempotency_header must be a header name or None, got {header!r}")
+        t = self.attempt_timeout
+        if t is not None and not (isinstance(t, int | float) and 0 < t <= MAX_RETRY_AFTER):
+            raise ValueError(f"attempt_timeout must be within (0, 86400] s or None, got {t!r}")
+        if type(self.max_discard) is not int or not 0 <= self.max_discard <= 1 << 26:
+            raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
+
+
+# --- what an attempt came to -----------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """An attempt as the integration judged it. ``failure`` is ``None`` when the attempt is the answer.
+
+    ``health`` is the breaker's verdict on the target: ``True`` healthy, ``False`` failing, ``None`` no
+    verdict (the client's own 4xx says nothing about the target).
+    """
+
+    failure: Failure | None
+    reply: Reply | None = None
+    health: bool | None = True
+
+
+REFUSED_OUTCOME = Outcome(Failure(True, None, REFUSED), None, False)
+"""The request provably never reached the target (refused, connect timeout): retry, nothing was spent."""
+LOST_OUTCOME = Outcome(Failure(True, None, LOST), None, False)
+"""Sent, and no response (read timeout, reset): the target may have spent all it was forwarded."""
+
+
+def parse_retry_after(value: str | bytes | None, wall: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value (delay-seconds or an HTTP-date), within 0..86400.
+
+    ``None`` if absent or malformed (counted as ``malformed.retry-after``); a date in the past is 0.
+    ``wall``: the current Unix time (``time.time()`` if not given).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = value.strip()
+    if not text or len(text) > 64 or not text.isascii():
+        context.count("malformed.retry-after")
+        return None
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER) if len(text) <= 12 else MAX_RETRY_AFTER
+    try:
+        when = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        context.count("malformed.retry-after")
+        return None
+    seconds = when - (time.time() if wall is None else wall)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
+
+
+def judge_http(policy: ClientPolicy, status: int, headers: Any, wall: float | None = None) -> Outcome:
+    """An HTTP response as an attempt's outcome: statuses >= 500, the retry and throttle statuses fail.
+
+    ``headers``: any mapping with ``get`` (httpx, requests, ``email.message``). Everything else is the
+    answer, even a 404: the target answered, and retrying would not change it.
+    """
+    reply = context.extract_reply(headers)
+    if status < 500 and status not in policy.retry_statuses and status not in policy.throttle_statuses:
+        return Outcome(None, reply, None if status >= 400 else True)
+    retry_after = parse_retry_after(headers.get("retry-after"), wall)
+    retryable = status in policy.retry_statuses or (status in policy.throttle_statuses and retry_after is not None)
+    return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, False)
+
+
+def is_idempotent(policy: ClientPolicy, method: str, headers: Any) -> bool:
+    """May this request be repeated after it may have reached the target?"""
+    if policy.retry_non_idempotent or method.upper() in policy.idempotent_methods:
+        return True
+    return policy.idempotency_header is not None and headers.get(policy.idempotency_header) is not None
+
+
+# --- passing give-ups upward -----------------------------------------------------------------------
+
+
+# A one-item list per replies() block: threads and tasks started inside copy the binding, not the list.
+_record: ContextVar[list[Reply | None] | None] = ContextVar("askonce.client.record", default=None)
+
+
+@contextmanager
+def replies() -> Iterator[None]:
+    """Record give-ups of calls made in the block, including from threads and tasks started inside it.
+
+    A server middleware wraps each request in this and reads :func:`last_reply` before answering.
+    """
+    token = _record.set([None])
+    try:
+        yield
+    finally:
+        _record.reset(token)
+
+
+def last_reply() -> Reply | None:
+    """The reply of the latest outgoing call that gave up, as recorded in the innermost :func:`replies`.
+
+    Outside any ``replies()`` block: the latest give-up made in this very context (thread or task).
+    """
+    record = _record.get()
+    return None if record is None else record[0]
+
+
+def _note(reply: Reply) -> None:
+    record = _record.get()
+    if record is None:
+        _record.set([reply])
+    else:
+        record[0] = reply
+
+
+def _attach(response: object, reply: Reply) -> None:
+    with suppress(AttributeError, TypeError):  # a response type with __slots__: last_reply() still has it
+        response.askonce_reply = reply  # type: ignore[attr-defined]
+
+
+# --- the integration's side of one call ------------------------------------------------------------
+
+
+class Exchange(Protocol[R]):
+    """One outgoing call as the caller drives it (sync). ``timeout``: the framework's own per-attempt
+    timeout (for HTTP, the read timeout) or ``None``."""
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    def send(self, header: str, timeout: float | None) -> R:
+        """One attempt with ``askonce-question: header``, every timeout capped at ``timeout``."""
+
+    def judge(self, response: R) -> Outcome: ...
+
+    def judge_error(self, error: Exception) -> Outcome | None:
+        """A transport failure's outcome, or ``None``: not one (it is re-raised unchanged)."""
+
+    def discard(self, response: R) -> None:
+        """Release a failed attempt's response (read a little so the connection is reused, then close)."""
+
+
+class AsyncExchange(Protocol[R]):
+    @property
+    def timeout(self) -> float | None: ...
+
+    async def send(self, header: str, timeout: float | None) -> R: ...
+
+    def judge(self, response: R) -> Outcome: ...
+
+    def judge_error(self, error: Exception) -> Outcome | None: ...
+
+    async def discard(self, response: R) -> None: ...
+
+
+def _now(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()  # a coroutine never awaited would warn at garbage collection
+        raise TypeError("this store's handles are async: use Caller.acall (an async client)")
+    return value
+
+
+Step = Callable[[], object]
+"""One piece of I/O a call asks for: send, sleep, discard, or a store handle's method (maybe async)."""
+
+
+def _raise(state: RetryState, breaker: Any, give_up: GiveUp, last: BaseException | None) -> BaseException:
+    """The exception for a give-up with no response to return."""
+    _note(give_up.reply)
+    err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt)
+    if isinstance(err, CircuitOpen) and breaker is not None:
+        err.retry_at = breaker.retry_at()
+    if err is not last:
+        err.__cause__ = last
+    return err
+
+
+def _flow(caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str, idempotent: bool,
+          sleep: Callable[[float], object]) -> Generator[Step, object, R]:
+    """One call, as a generator that does no I/O itself: it yields :data:`Step` thunks and receives their
+    results (or has their exceptions thrown in), so the sync and async callers share every line of it."""
+    policy, clock = caller.policy, caller.clock
+    frame = context.current_frame()
+    if frame is None:  # each call with nothing bound is a question of its own
+        retry = policy.retry
+        deadline = None if retry.deadline is None else clock() + retry.deadline
+        frame = Tab(context.new_key(), policy.layer, policy.originator, Account(retry.budget), deadline), ()
+    tab, path = frame
+    bucket: BucketHandle | AsyncBucketHandle | None = (
+        None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
+    breaker: BreakerHandle | AsyncBreakerHandle | None = (
+        None if caller._breakers is None or policy.breaker is None else caller._breakers(target, policy.breaker))
+    state = RetryState(caller._policies[idempotent], tab, policy.layer, bucket is not None)
+    if bucket is not None:
+        bucket.deposit()
+    action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
+    last: BaseException | None = None
+    while True:
+        if type(action) is not Attempt:
+            raise _raise(state, breaker, cast(GiveUp, action), last)
+        now = started = clock()
+        if breaker is not None and not (yield partial(breaker.allow, now)):
+            raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
+        # The attempt waits no longer than its own timeout, the policy's, and the question's deadline.
+        limits = [t for t in (exchange.timeout, policy.attempt_timeout) if t is not None]
+        if tab.deadline is not None:
+            limits.append(max(0.0, tab.deadline - now))
+        limit = min(limits) if limits else None
+        header = context.question_header((tab, (*path, action.hop)), now, limit, state.forward())
+        response: R | None = None
+        try:
+            response = cast(R, (yield partial(exchange.send, header, limit)))
+        except BaseException as exc:
+            outcome = exchange.judge_error(exc) if isinstance(exc, Exception) else None
+            if outcome is None:  # not a transport failure: settle as lost (fail closed), pass it on
+                state.on_failure(Failure(retryable=False, delivery=LOST), clock(), 0.0)
+                if breaker is not None and not isinstance(exc, GeneratorExit):
+                    yield partial(breaker.release, clock())
+                raise
+            last = exc
+        else:
+            outcome, last = exchange.judge(response), None
+        now = clock()
+        if breaker is not None:
+            if outcome.health is None:
+                yield partial(breaker.release, now)
+            else:
+                yield partial(breaker.record, now, success=outcome.health, duration=now - started)
+        if outcome.failure is None:
+            state.on_success(outcome.reply, ANSWERED)
+            return cast(R, response)
+        action = state.on_failure(outcome.failure, now, caller.random())
+        if type(action) is Acquire:
+            action = state.acquired(bucket is not None and bool((yield partial(bucket.withdraw, now))), now)
+        if type(action) is GiveUp:
+            if response is None:
+                raise _raise(state, breaker, action, last)
+            _note(action.reply)
+            _attach(response, action.reply)
+            return response
+        if response is not None:  # committed to a retry: release the connection now, not after the wait
+            yield partial(exchange.discard, response)
+        if cast(Wait, action).seconds > 0:
+            yield partial(sleep, cast(Wait, action).seconds)
+        action = state.resume(clock())
+
+
+class Caller:
+    """Runs outgoing calls under one :class:`ClientPolicy`; one per client (transport, adapter, channel).
+
+    ``store``: where per-target buckets and breakers live (the process's memory store by default);
+    ``clock``, ``sleep``, ``random``: injectable for tests and simulation. ``sleep`` may return an
+    awaitable in the async form (the default there is ``asyncio.sleep``).
+    """
+
+    __slots__ = ("_breakers", "_policies", "_sleep", "clock", "policy", "random", "store")
+
+    def __init__(
+        self,
+        policy: ClientPolicy = ClientPolicy(),
+        *,
+        store: Store | AsyncStore | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        if not isinstance(policy, ClientPolicy):
+            raise ValueError(f"policy must be an askonce.client.ClientPolicy, got {type(policy).__name__}")
+        from askonce.retrying import default_store  # the one store `@askonce.retry` layers share
+
+        self.policy = policy
+        self.store: Store | AsyncStore = store if store is not None else default_store()
+        self.clock = clock or context.monotonic
+        self.random = random or _random.random
+        self._sleep = sleep
+        # A store without breakers is refused now rather than at the first call.
+        self._breakers: Callable[[str, BreakerPolicy], BreakerHandle | AsyncBreakerHandle] | None = None
+        if policy.breaker is not None:
+            self._breakers = getattr(self.store, "breaker", None)
+            if self._breakers is None:
+                raise ValueError(f"breaker= needs a store with circuit breakers; {type(self.store).__name__} has none")
+        # Indexed by the request's idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
+        self._policies = (replace(policy.retry, idempotent=False), policy.retry)
+
+    def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
+        """Run one call to ``target`` (the key of its bucket and breaker) until answered or given up."""
+        flow = _flow(self, exchange, target, idempotent, self._sleep or time.sleep)
+        value: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as done:
+                return cast(R, done.value)
+            try:
+                value, error = _now(step()), None
+            except BaseException as exc:
+                value, error = None, exc
+
+    async def acall(self, exchange: AsyncExchange[R], *, target: str, idempotent: bool = True) -> R:
+        """The async form of :meth:`call`; the store's handles may be sync or async."""
+        import asyncio  # only for async clients: `import askonce.client` stays asyncio-free
+
+        flow = _flow(self, exchange, target, idempotent, self._sleep or asyncio.sleep)
+        value: object = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as done:
+                return cast(R, done.value)
+            try:
+                result = step()
+                value, error = (await result if inspect.isawaitable(result) else result), None
+            except BaseException as exc:
+                value, error = None, exc

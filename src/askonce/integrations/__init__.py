@@ -1,0 +1,8 @@
+"""Framework integrations, one module each, imported only when used: ``import askonce`` imports none.
+
+Clients: ``askonce.integrations.httpx`` (``AskonceTransport``, ``AsyncAskonceTransport``) and
+``askonce.integrations.requests`` (``AskonceAdapter``, ``session``), both over :mod:`askonce.client`.
+Servers: ``askonce.integrations.asgi`` and ``askonce.integrations.wsgi``, over ``integrations._server``;
+OpenTelemetry: ``askonce.integrations.otel``.
+Each needs its extra: ``pip install 'askonce[httpx]'``, ``[requests]``, ``[asgi]``, ...
+"""

@@ -1,0 +1,209 @@
+"""httpx: transports that carry the question on every attempt and retry through the askonce core.
+
+::
+
+    client = httpx.Client(transport=AskonceTransport(policy=ClientPolicy(layer="web")))
+    client.get("http://billing/charge")        # inside askonce.question(...) or a server middleware
+
+The transport wraps another (``httpx.HTTPTransport()`` by default) and runs each request through
+:class:`askonce.client.Caller`: it writes ``askonce-question`` with the budget it forwards, reads
+``askonce-reply`` back, honours Retry-After, retries only what :class:`~askonce.client.ClientPolicy`
+allows, and returns the last response when it gives up (``response.askonce_reply`` says why). Each
+attempt's timeouts (``request.extensions["timeout"]``, set by the client) are capped by the policy's
+``attempt_timeout`` and by the question's remaining time. A request whose body cannot be replayed (a
+generator) is treated as non-idempotent: it is repeated only when the connection was refused.
+
+The per-target key of buckets and breakers is scheme, host and port unless ``target=`` says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from askonce.client import (
+    LOST_OUTCOME,
+    REFUSED_OUTCOME,
+    Caller,
+    ClientPolicy,
+    Outcome,
+    is_idempotent,
+    judge_http,
+)
+from askonce.context import count
+from askonce.core.wire import QUESTION_HEADER
+from askonce.stores.base import AsyncStore, Store
+
+__all__ = ["AskonceTransport", "AsyncAskonceTransport", "default_target"]
+
+_DEFAULT_POLICY = ClientPolicy()
+_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+_TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+
+# Never reached the server: no connection, or no free connection in the pool.
+_REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Sent (at least partly), no response: the server may have worked on it.
+_LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def default_target(request: httpx.Request) -> str:
+    """``scheme://host:port``: one bucket and breaker per origin."""
+    url = request.url
+    return f"{url.scheme}://{url.host}:{url.port or _PORTS.get(url.scheme, 0)}"
+
+
+def _judge_error(error: Exception) -> Outcome | None:
+    if isinstance(error, _REFUSED):
+        return REFUSED_OUTCOME
+    if isinstance(error, _LOST):
+        return LOST_OUTCOME
+    return None
+
+
+class _Attempts:
+    """What sync and async exchanges share: the request, its original timeouts, the header per attempt."""
+
+    __slots__ = ("_policy", "_timeouts", "request", "timeout")
+
+    def __init__(self, request: httpx.Request, policy: ClientPolicy) -> None:
+        self.request = request
+        self._policy = policy
+        given = request.extensions.get("timeout")
+        self._timeouts: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+        read = self._timeouts.get("read")
+        self.timeout: float | None = float(read) if isinstance(read, int | float) else None
+
+    def prepare(self, header: str, limit: float | None) -> httpx.Request:
+        request = self.request
+        request.headers[QUESTION_HEADER] = header
+        if limit is not None:
+            given = self._timeouts
+            request.extensions["timeout"] = {
+                k: limit if given.get(k) is None else min(float(given[k]), limit) for k in _TIMEOUT_KEYS}
+        return request
+
+    def judge(self, response: httpx.Response) -> Outcome:
+        return judge_http(self._policy, response.status_code, response.headers)
+
+    def judge_error(self, error: Exception) -> Outcome | None:
+        return _judge_error(error)
+
+
+class _Exchange(_Attempts):
+    __slots__ = ("_wrapped",)
+
+    def __init__(self, request: httpx.Request, policy: ClientPolicy, wrapped: httpx.BaseTransport) -> None:
+        super().__init__(request, policy)
+        self._wrapped = wrapped
+
+    def send(self, header: str, timeout: float | None) -> httpx.Response:
+        return self._wrapped.handle_request(self.prepare(header, timeout))
+
+    def discard(self, response: httpx.Response) -> None:
+        # Reading a short body lets the connection go back to the pool; a long one is cut off by closing.
+        left = self._policy.max_discard
+        try:
+            for chunk in response.iter_raw():
+                left -= len(chunk)
+                if left < 0:
+                    break
+        except (httpx.HTTPError, OSError):
+            count("client.discard-failed")
+        finally:
+            response.close()
+
+
+class _AsyncExchange(_Attempts):
+    __slots__ = ("_wrapped",)
+
+    def __init__(self, request: httpx.Request, policy: ClientPolicy, wrapped: httpx.AsyncBaseTransport) -> None:
+        super().__init__(request, policy)
+        self._wrapped = wrapped
+
+    async def send(self, header: str, timeout: float | None) -> httpx.Response:
+        return await self._wrapped.handle_async_request(self.prepare(header, timeout))
+
+    async def discard(self, response: httpx.Response) -> None:
+        left = self._policy.max_discard
+        try:
+            async for chunk in response.aiter_raw():
+                left -= len(chunk)
+                if left < 0:
+                    break
+        except (httpx.HTTPError, OSError):
+            count("client.discard-failed")
+        finally:
+            await response.aclose()
+
+
+def _idempotent(request: httpx.Request, policy: ClientPolicy) -> bool:
+    """Per request, ``extensions={"askonce.idempotent": True}`` (or ``False``) overrides the method."""
+    if not isinstance(request.stream, httpx.ByteStream):  # a generator body cannot be sent twice
+        return False
+    said = request.extensions.get("askonce.idempotent")
+    return said if isinstance(said, bool) else is_idempotent(policy, request.method, request.headers)
+
+
+class AskonceTransport(httpx.BaseTransport):
+    """A sync transport: ``httpx.Client(transport=AskonceTransport(policy=...))``.
+
+    ``wrapped``: the transport that does the I/O (``httpx.HTTPTransport()`` by default; its own
+    ``retries=`` only repeats failed connects, which never reach the server). ``target``: the per-target
+    key of a request. ``store``, ``clock``, ``sleep``, ``random``: see :class:`askonce.client.Caller`.
+    """
+
+    def __init__(
+        self,
+        wrapped: httpx.BaseTransport | None = None,
+        *,
+        policy: ClientPolicy = _DEFAULT_POLICY,
+        target: Callable[[httpx.Request], str] = default_target,
+        store: Store | AsyncStore | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        if wrapped is not None and not isinstance(wrapped, httpx.BaseTransport):
+            raise ValueError(f"wrapped must be an httpx.BaseTransport, got {type(wrapped).__name__}")
+        self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
+        self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
+        self._target = target
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self.caller.policy
+        return self.caller.call(_Exchange(request, policy, self.wrapped), target=self._target(request),
+                                idempotent=_idempotent(request, policy))
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+
+class AsyncAskonceTransport(httpx.AsyncBaseTransport):
+    """The async transport: ``httpx.AsyncClient(transport=AsyncAskonceTransport(policy=...))``."""
+
+    def __init__(
+        self,
+        wrapped: httpx.AsyncBaseTransport | None = None,
+        *,
+        policy: ClientPolicy = _DEFAULT_POLICY,
+        target: Callable[[httpx.Request], str] = default_target,
+        store: Store | AsyncStore | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        if wrapped is not None and not isinstance(wrapped, httpx.AsyncBaseTransport):
+            raise ValueError(f"wrapped must be an httpx.AsyncBaseTransport, got {type(wrapped).__name__}")
+        self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
+        self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
+        self._target = target
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        policy = self.caller.policy
+        return await self.caller.acall(_AsyncExchange(request, policy, self.wrapped),
+                                       target=self._target(request), idempotent=_idempotent(request, policy))
+
+    async def aclose(self) -> None:
+        await self.wrapped.aclose()
