@@ -33,7 +33,7 @@ from askonce.core.question import Account, Frame, Hop, Tab
 from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait, fits
 from askonce.core.wire import valid_name
 from askonce.errors import error_for, failure_of
-from askonce.stores.memory import BucketHandle, MemoryStore
+from askonce.stores.base import BucketHandle, Store
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -42,12 +42,15 @@ OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseE
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 DEFAULT_BUCKET = BucketPolicy()
 
-_store: MemoryStore | None = None
+_store: Store | None = None
 
 
-def default_store() -> MemoryStore:
+def default_store() -> Store:
+    """The process-wide in-memory store (made, and its module imported, on first use)."""
     global _store
     if _store is None:
+        from askonce.stores.memory import MemoryStore
+
         _store = MemoryStore(context.monotonic)
     return _store
 
@@ -94,7 +97,7 @@ class retry:  # spelled like a function: it is used as a decorator
         target: str | None = None,
         originator: bool = False,
         policy: RetryPolicy | None = None,
-        store: MemoryStore | None = None,
+        store: Store | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], object] | None = None,
         random: Callable[[], float] | None = None,

@@ -18,7 +18,6 @@ same child keys.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +59,9 @@ def derive_key(parent: str, label: str) -> str:
     The child keeps the parent's time prefix (so it sorts with its parent) and replaces the random part
     with a keyed hash, so retrying the parent reproduces exactly the same children.
     """
-    digest = hashlib.blake2b(label.encode("utf-8"), digest_size=16, key=parent.encode("ascii")[:64]).digest()
+    from hashlib import blake2b  # hashlib costs ~3 ms at import; only fan-out needs it
+
+    digest = blake2b(label.encode("utf-8"), digest_size=16, key=parent.encode("ascii")[:64]).digest()
     return parent[:_TIME_CHARS] + _b32(int.from_bytes(digest, "big"), _RAND_CHARS)
 
 

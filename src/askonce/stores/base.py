@@ -13,10 +13,11 @@ time bound falls back to local state and counts the fallback (``askonce.stats()`
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from askonce.core.breaker import BreakerPolicy, State
-from askonce.core.bucket import BucketPolicy
+if TYPE_CHECKING:  # the breaker module costs milliseconds at import; users of buckets alone never need it
+    from askonce.core.breaker import BreakerPolicy, State
+    from askonce.core.bucket import BucketPolicy
 
 
 class BucketHandle(Protocol):
