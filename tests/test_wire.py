@@ -158,8 +158,8 @@ def test_question_round_trip_property(key: str, origin: str, edge: bool, budget:
     assert (q.key, q.origin, q.edge, q.budget, q.path) == (key, origin, edge, budget, hops)
     if remaining is None:
         assert q.deadline is None
-    else:  # milliseconds are floored: a callee is never given more time than the caller has
-        assert remaining / 1000 - 0.0011 < q.deadline <= remaining / 1000
+    else:
+        assert q.deadline == pytest.approx(remaining / 1000)
 
 
 @given(budget=st.integers(0, 1000), dnr=st.booleans(), reason=st.none() | st.sampled_from(sorted(wire.REASONS)),

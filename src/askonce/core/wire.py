@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from dataclasses import dataclass
 
@@ -261,6 +262,14 @@ def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> 
     return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path)
 
 
+def _ms(seconds: float, *, up: bool) -> int:
+    """Seconds to whole milliseconds within the protocol's range. Time left is floored (a callee is never
+    given more time than its caller has); pushback is rounded up (a caller never waits less than asked).
+    The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...)."""
+    ms = math.ceil(seconds * 1000 - 1e-6) if up else math.floor(seconds * 1000 + 1e-6)
+    return max(0, min(ms, MAX_DEADLINE_MS))
+
+
 def _path_text(path: tuple[Hop, ...]) -> str:
     if len(path) > MAX_HOPS:  # keep the hops nearest the target, where retries matter most
         path = path[-MAX_HOPS:]
@@ -281,7 +290,7 @@ def format_question(
         parts.append("e")
     parts.append(f"b={max(0, min(budget, MAX_BUDGET))}")
     if remaining is not None:
-        parts.append(f"d={max(0, min(int(remaining * 1000), MAX_DEADLINE_MS))}")
+        parts.append(f"d={_ms(remaining, up=False)}")
     if path:
         parts.append(f"p=({_path_text(path)})")
     return ", ".join(parts)
@@ -329,5 +338,5 @@ def format_reply(reply: Reply) -> str:
     if reply.reason is not None:
         parts.append(f"r={reply.reason}")
     if reply.pushback is not None:
-        parts.append(f"pb={max(0, min(int(reply.pushback * 1000), MAX_DEADLINE_MS))}")
+        parts.append(f"pb={_ms(reply.pushback, up=True)}")
     return ", ".join(parts)
