@@ -2,8 +2,8 @@
 
 Both headers are RFC 9651 structured-field dictionaries. This module parses a *strict subset* of that
 grammar by hand (the choice was measured, see ``docs/benchmarks.md``): integers, booleans, strings,
-tokens, byte sequences and inner lists of those, with no parameters, no decimals and no duplicate
-members. Anything outside the subset, over the size limit, of an unknown version, or with a value out of
+tokens, byte sequences and inner lists of those (a string inside an inner list may not contain a
+parenthesis), with no parameters, no decimals and no duplicate members. Anything outside the subset, over the size limit, of an unknown version, or with a value out of
 range is rejected *as a whole*: the parse functions return a :class:`Malformed` carrying the reason and
 never raise. Every accepted header is also accepted, with the same values, by a full RFC 9651 parser
 (``tests/test_wire_differential.py`` checks it against ``http-sfv``).
