@@ -1,0 +1,288 @@
+"""What every server integration does with one request, free of any framework.
+
+The ASGI, WSGI (and gRPC) middlewares only move bytes; this module decides. For one arrival:
+
+1. ``context.serve`` extracts the question (clamped to the layer's limits) or mints one, and binds it;
+   a header that was sent but could not be used is *malformed* (``context.extract`` counts it);
+2. the ledger, if one is wired, records the arrival (wall-clock seconds, the operation's route
+   template, the principal); over the cap, the request is answered 429 with ``dnr`` reason ``cap``;
+3. a propagated deadline that has already passed is answered 503 with ``dnr`` reason ``deadline``;
+4. otherwise the app runs; its response carries ``askonce-reply`` (what is left of the budget), and a
+   give-up that escapes it (``askonce.GaveUp``, or any exception carrying ``askonce_reply``) is
+   answered 503 with the reply and ``Retry-After`` from the pushback.
+
+Frameworks that turn exceptions into their own 500 inside the app (Flask, Django) hide the give-up from
+the middleware; their error hook calls :func:`note_failure`, and a 5xx the app then sends is replaced
+by the same 503.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from askonce import context
+from askonce.context import Serving, _frame
+from askonce.core import wire
+from askonce.core.wire import REPLY_HEADER, Limits, Reply
+from askonce.errors import reply_of
+
+UNMATCHED = "~unmatched"
+UNKNOWN = "~unknown"
+_MAX_OPERATION_CHARS = 160
+
+# The core ledger is not thread-safe; every server integration in the process records under this lock
+# (uncontended it costs well under a microsecond). Code that reads reports from the same ledger while
+# requests are served takes it too.
+LEDGER_LOCK = threading.Lock()
+
+
+class LedgerLike(Protocol):
+    """What a server integration needs of a ledger: :meth:`askonce.core.ledger.Ledger.record`."""
+
+    def record(self, now: float, operation: str, *, key: str | None, edge: bool = False,
+               origin: str | None = None, path: tuple[tuple[str, int], ...] = (), principal: str = "",
+               malformed: bool = False) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """A server layer's configuration, shared by the ASGI, WSGI and gRPC integrations.
+
+    ``budget``/``deadline`` apply only to questions this layer mints (nothing usable arrived);
+    ``originator=True`` mints attributable edge keys, otherwise local keys. ``principal`` and
+    ``operation`` are called with the framework's request object (ASGI scope, WSGI environ, ...).
+    """
+
+    layer: str
+    originator: bool = False
+    limits: Limits = Limits()
+    budget: int = 2
+    deadline: float | None = 30.0
+    ledger: LedgerLike | None = None
+    principal: Callable[[Any], str] | None = None
+    operation: Callable[[Any], str] | None = None
+    shed_deadline: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, str) or not wire.valid_name(self.layer):
+            raise ValueError(f"layer must be a name like 'api' or 'billing', got {self.layer!r}")
+        for name in ("originator", "shed_deadline"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.limits, Limits):
+            raise ValueError(f"limits must be an askonce.Limits, got {self.limits!r}")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= wire.MAX_BUDGET:
+            raise ValueError(f"budget must be an integer within 0..{wire.MAX_BUDGET}, got {self.budget!r}")
+        d = self.deadline
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int | float)
+                              or not 0 < d <= wire.MAX_DEADLINE_MS / 1000):
+            raise ValueError(f"deadline must be seconds within (0, 86400] or None, got {d!r}")
+        if self.ledger is not None and not callable(getattr(self.ledger, "record", None)):
+            raise ValueError("ledger must have a record(now, operation, *, key, ...) method (askonce Ledger)")
+        for name in ("principal", "operation"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be a callable taking the request, got {value!r}")
+
+
+class Answer(NamedTuple):
+    """A response the middleware sends itself instead of (or in place of) the app's."""
+
+    status: int
+    reply: Reply
+    retry_after: int | None = None
+
+    @property
+    def status_line(self) -> str:
+        return f"{self.status} {'Too Many Requests' if self.status == 429 else 'Service Unavailable'}"
+
+    @property
+    def body(self) -> bytes:
+        return f"askonce: {self.reply.reason or 'gave up'}\n".encode("ascii", "replace")
+
+    def headers(self) -> list[tuple[str, str]]:
+        out = [("content-type", "text/plain; charset=utf-8"), ("content-length", str(len(self.body))),
+               (REPLY_HEADER, wire.format_reply(self.reply))]
+        if self.retry_after is not None:
+            out.append(("retry-after", str(self.retry_after)))
+        return out
+
+
+class Arrival:
+    """One request at this layer: the bound question, how it came, and what was decided before the app."""
+
+    __slots__ = ("answer", "deadline", "malformed", "noted", "serving")
+
+    def __init__(self, serving: Serving, malformed: bool) -> None:
+        self.serving = serving
+        self.malformed = malformed
+        # Only a deadline that came with the request bounds the handler; a minted one bounds retries.
+        self.deadline = None if serving.minted else serving.tab.deadline
+        self.answer: Answer | None = None
+        self.noted: BaseException | None = None
+
+    def reply_header(self) -> str:
+        if self.noted is None:
+            left = self.serving.tab.account.left
+            if 0 <= left < len(_PLAIN_REPLIES):
+                return _PLAIN_REPLIES[left]  # every response carries one: skip formatting the usual ones
+        return self.serving.reply_header(self.noted)
+
+
+_PLAIN_REPLIES = tuple(wire.format_reply(Reply(left)) for left in range(65))
+
+
+_arrival: ContextVar[Arrival | None] = ContextVar("askonce.server.arrival", default=None)
+
+
+def note_failure(exc: BaseException) -> None:
+    """Tell the server middleware that the app failed with ``exc`` although it answers on its own.
+
+    For frameworks that convert exceptions into their own error response inside the app (Flask's
+    ``got_request_exception``, Django's signal of the same name). Outside a request: does nothing.
+    """
+    arrival = _arrival.get()
+    if arrival is not None and arrival.noted is None:
+        arrival.noted = exc
+
+
+class _Values:
+    """The question header's raw values as ``context.extract`` reads them (duplicates are malformed)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[str | bytes]) -> None:
+        self.values = values
+
+    def get_all(self, name: str) -> Sequence[str | bytes]:
+        return self.values
+
+
+class Server:
+    """The framework-free half of a server middleware; see the module docstring."""
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+
+    @contextmanager
+    def arrive(self, values: Sequence[str | bytes], request: Any,
+               route: Callable[[Any], str]) -> Iterator[Arrival]:
+        """Extract or mint and bind the question for the block; decide whether the app may run.
+
+        ``values``: the raw ``askonce-question`` header values; ``route``: the operation name when no
+        ``operation`` callable is configured (called only when a ledger is wired).
+        """
+        o = self.options
+        with context.serve(_Values(values), layer=o.layer, originator=o.originator, budget=o.budget,
+                           deadline=o.deadline, limits=o.limits) as serving:
+            arrival = Arrival(serving, bool(values) and serving.minted)
+            token = _arrival.set(arrival)
+            try:
+                if o.ledger is not None and not self._record(arrival, request, route):
+                    context.count("server.refused.cap")
+                    arrival.answer = Answer(429, Reply(serving.tab.account.left, True, "cap"))
+                elif o.shed_deadline and arrival.deadline is not None and arrival.deadline <= context.monotonic():
+                    context.count("server.shed.deadline")
+                    arrival.answer = self.deadline_answer(arrival)
+                yield arrival
+            finally:
+                _arrival.reset(token)
+
+    def enter(self, values: Sequence[str | bytes], request: Any, route: Callable[[Any], str]) -> Arrival:
+        """:meth:`arrive` for a caller that runs each request in a ``contextvars.Context`` of its own.
+
+        The question stays bound in the current context with nothing to unwind: the context is thrown
+        away with the request. (A binding held open across calls would be unwound by the garbage
+        collector, in whatever context it runs, if a server forgot to close the response.)
+        """
+        with self.arrive(values, request, route) as arrival:
+            frame = context.current_frame()
+        _frame.set(frame)
+        _arrival.set(arrival)
+        return arrival
+
+    def _record(self, arrival: Arrival, request: Any, route: Callable[[Any], str]) -> bool:
+        o = self.options
+        assert o.ledger is not None
+        operation = _call(o.operation or route, request, "operation")
+        principal = "" if o.principal is None else _call(o.principal, request, "principal")
+        tab = arrival.serving.tab
+        frame = context.current_frame()
+        arrived = not arrival.serving.minted and frame is not None
+        now = time.time()  # the ledger's windows are on the wall clock, shared by replicas
+        try:
+            with LEDGER_LOCK:
+                if not arrived:  # nothing usable came: the arrival is unkeyed (or malformed), whatever we minted
+                    return o.ledger.record(now, operation, key=None, principal=principal,
+                                           malformed=arrival.malformed)
+                assert frame is not None
+                return o.ledger.record(now, operation, key=tab.key, edge=tab.edge, origin=tab.origin,
+                                       path=frame[1], principal=principal)
+        except Exception:  # a failing ledger must never fail the request: let it through, visibly
+            context.count("server.ledger.error")
+            return True
+
+    def deadline_answer(self, arrival: Arrival) -> Answer:
+        return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline"))
+
+    def failure(self, arrival: Arrival, exc: BaseException) -> Answer | None:
+        """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors."""
+        exc = _single(exc)
+        if reply_of(exc) is None:
+            return None
+        reply = arrival.serving.reply(exc)
+        retry_after = None
+        if reply.pushback is not None:
+            retry_after = max(0, math.ceil(reply.pushback))
+        context.count(f"server.gave-up.{reply.reason or 'other'}")
+        return Answer(503, reply, retry_after)
+
+
+def _single(exc: BaseException) -> BaseException:
+    # A task group around one failing call wraps it; a group of several says nothing about one reply.
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _call(fn: Callable[[Any], str], request: Any, what: str) -> str:
+    # A principal or operation that cannot be told is recorded under its own name, never under a
+    # real tenant's, so it can neither hide in nor be refused for another principal's key.
+    try:
+        value = fn(request)
+    except Exception:
+        context.count(f"server.{what}.error")
+        return UNKNOWN
+    if not isinstance(value, str):
+        context.count(f"server.{what}.error")
+        return UNKNOWN
+    return value[:_MAX_OPERATION_CHARS]
+
+
+_ID_SEGMENT = re.compile(
+    r"[0-9]+"  # numbers
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # UUIDs
+    r"|[0-9a-fA-F]{16,}"  # hex digests, object ids
+    r"|(?=[A-Za-z_-]*[0-9])[0-9A-Za-z_-]{20,}"  # long opaque tokens with a digit (ULIDs, base64 ids)
+)
+
+
+def path_template(method: str, path: str) -> str:
+    """The fallback operation name: ``"GET /items/{id}"`` for ``GET /items/42``.
+
+    Numeric, UUID, long hex and long opaque segments become ``{id}``; the name is bounded in length.
+    Used when the framework's route table cannot be read.
+    """
+    segments = path.split("/")
+    out = "/".join("{id}" if _ID_SEGMENT.fullmatch(s) else s for s in segments)
+    return f"{method} {out}"[:_MAX_OPERATION_CHARS]

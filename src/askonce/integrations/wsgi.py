@@ -1,0 +1,215 @@
+"""WSGI middleware: the question bound for each request, ``askonce-reply`` on every response.
+
+::
+
+    app.wsgi_app = AskonceWSGIMiddleware(app.wsgi_app, layer="svc")   # Flask
+    application = AskonceWSGIMiddleware(get_wsgi_application(), layer="svc")   # Django (wsgi.py)
+
+Per request it does what :mod:`._server` decides (extract or mint, ledger, shedding, the reply, 503 for
+a give-up). The question stays bound for the app call *and* for the iteration of the response body
+(streaming views see it too): both run in one ``contextvars.Context`` made for the request.
+
+Unlike ASGI, WSGI cannot stop a handler: an arrival already past its deadline is refused before the
+app runs, but a handler that overruns its deadline runs to the end, and a client that disconnects is
+not noticed. Flask answers unhandled exceptions with its own 500 inside the app; when the wrapped app
+is a Flask app, the middleware listens to Flask's ``got_request_exception`` so that a give-up still
+becomes a 503 with the reply (other frameworks: call :func:`note_failure` from their error hook).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+from askonce.core.wire import REPLY_HEADER, Limits
+from askonce.integrations._server import (
+    LEDGER_LOCK,
+    UNMATCHED,
+    Answer,
+    Arrival,
+    LedgerLike,
+    Server,
+    ServerOptions,
+    note_failure,
+    path_template,
+)
+
+__all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "note_failure"]
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+class AskonceWSGIMiddleware:
+    """Bind the incoming question for each request and answer for it; see the module docstring.
+
+    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware`, with ``principal`` and
+    ``operation`` called on the WSGI environ. The default operation is the method and the Flask rule
+    (``"GET /items/<int:item_id>"``) when the app is a Flask app, else the method and the path with
+    id-like segments replaced by ``{id}``.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        layer: str,
+        originator: bool = False,
+        limits: Limits = Limits(),
+        budget: int = 2,
+        deadline: float | None = 30.0,
+        ledger: LedgerLike | None = None,
+        principal: Callable[[Environ], str] | None = None,
+        operation: Callable[[Environ], str] | None = None,
+        shed_deadline: bool = True,
+    ) -> None:
+        if not callable(app):
+            raise ValueError(f"app must be a WSGI application, got {app!r}")
+        self.app = app
+        self.server = Server(ServerOptions(
+            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
+            principal=principal, operation=operation, shed_deadline=shed_deadline,
+        ))  # fmt: skip
+        self._flask = _flask_of(app)
+        if self._flask is not None:
+            _listen_to_flask(self._flask)
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        ctx = contextvars.copy_context()
+        return ctx.run(self._call, ctx, environ, start_response)
+
+    def _call(self, ctx: contextvars.Context, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        value = environ.get("HTTP_ASKONCE_QUESTION")
+        arrival = self.server.enter(() if value is None else (value,), environ, self.route)
+        if arrival.answer is not None:
+            _start(start_response, arrival.answer)
+            return [arrival.answer.body]
+        exchange = _Exchange(self.server, arrival, start_response)
+        try:
+            body = self.app(environ, exchange.start_response)
+        except Exception as exc:
+            answer = self.server.failure(arrival, exc)
+            if answer is None:
+                raise
+            # a second start_response must carry exc_info (PEP 3333); a first one need not, and some
+            # servers re-raise whenever it is given
+            _start(start_response, answer, sys.exc_info() if exchange.called else None)
+            return [answer.body]
+        return _Body(ctx, body, exchange)
+
+    def route(self, environ: Environ) -> str:
+        """The default operation name: the method and the Flask rule, or the path with ids as ``{id}``."""
+        method = str(environ.get("REQUEST_METHOD", "GET"))
+        if self._flask is not None:
+            try:
+                rule, _ = self._flask.url_map.bind_to_environ(environ).match(return_rule=True)
+                return f"{method} {rule.rule}"
+            except Exception:  # NotFound, MethodNotAllowed, RequestRedirect: no rule serves it as sent
+                return f"{method} {UNMATCHED}"
+        return path_template(method, str(environ.get("PATH_INFO", "")))
+
+
+class _Exchange:
+    """The app's ``start_response``, wrapped: adds the reply, or replaces a noted failure's 5xx."""
+
+    __slots__ = ("arrival", "called", "replaced", "server", "start_response_")
+
+    def __init__(self, server: Server, arrival: Arrival, start_response: StartResponse) -> None:
+        self.server = server
+        self.arrival = arrival
+        self.start_response_ = start_response
+        self.replaced: Answer | None = None
+        self.called = False
+
+    def start_response(self, status: str, headers: list[tuple[str, str]],
+                       exc_info: ExcInfo | None = None) -> Callable[[bytes], object]:
+        self.called = True
+        arrival = self.arrival
+        if arrival.noted is not None and status[:1] == "5":
+            answer = self.server.failure(arrival, arrival.noted)
+            if answer is not None:
+                self.replaced = answer
+                _start(self.start_response_, answer, exc_info)
+                return _discard
+        if not any(name.lower() == REPLY_HEADER for name, _ in headers):
+            headers = [*headers, (REPLY_HEADER, arrival.reply_header())]
+        if exc_info is None:
+            return self.start_response_(status, headers)
+        return self.start_response_(status, headers, exc_info)
+
+
+def _discard(data: bytes) -> None:
+    """The ``write`` callable of a response that was replaced: the app's bytes are not sent."""
+
+
+def _start(start_response: StartResponse, answer: Answer, exc_info: ExcInfo | None = None) -> None:
+    if exc_info is None:
+        start_response(answer.status_line, answer.headers())
+    else:
+        start_response(answer.status_line, answer.headers(), exc_info)
+
+
+class _Body:
+    """The app's response body, iterated inside the request's context; replaced if its status was."""
+
+    __slots__ = ("_ctx", "_exchange", "_inner", "_it", "_sent")
+
+    def __init__(self, ctx: contextvars.Context, inner: Iterable[bytes], exchange: _Exchange) -> None:
+        self._ctx = ctx
+        self._inner = inner
+        self._exchange = exchange
+        self._it: Iterator[bytes] | None = None
+        self._sent = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        replaced = self._exchange.replaced
+        if replaced is None:
+            if self._it is None:
+                self._it = self._ctx.run(iter, self._inner)
+            chunk = self._ctx.run(next, self._it)
+            replaced = self._exchange.replaced  # start_response may be called at the first chunk
+            if replaced is None:
+                return chunk
+        if self._sent:
+            raise StopIteration
+        self._sent = True
+        return replaced.body
+
+    def close(self) -> None:
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            self._ctx.run(close)
+
+
+# --- Flask, without importing it unless the app is one ----------------------------------------------
+
+
+def _flask_of(app: Any) -> Any:
+    owner = getattr(app, "__self__", app)  # app.wsgi_app is a bound method of the Flask app
+    if type(owner).__module__.split(".")[0] == "flask" or (
+        hasattr(owner, "url_map") and hasattr(owner, "handle_exception")
+    ):
+        return owner
+    return None
+
+
+def _flask_noted(sender: Any, **extra: Any) -> None:
+    exc = extra.get("exception")
+    if isinstance(exc, BaseException):
+        note_failure(exc)
+
+
+def _listen_to_flask(app: Any) -> None:
+    try:
+        from flask.signals import got_request_exception
+    except ImportError:  # something Flask-like that is not Flask: no signal to listen to
+        return
+    got_request_exception.connect(_flask_noted, sender=app, weak=False)  # once per app: blinker dedupes
