@@ -185,3 +185,35 @@ def test_every_example_in_the_protocol_doc_parses() -> None:
         reply = parse_reply(text)
         assert not isinstance(reply, Malformed), text
         assert parse_reply(format_reply(reply)) == reply
+
+
+def _general(text: str) -> object:
+    return wire._parse_question_general(text, 0.0, Limits())
+
+
+canonical_like = st.builds(
+    lambda key, origin, e, b, d, p: f'v=1, k="{key}", o={origin}{", e" if e else ""}, b={b}'
+    + ("" if d is None else f", d={d}") + ("" if not p else ", p=(" + " ".join(p) + ")"),
+    key=st.from_regex(r"[0-9A-Za-z_-]{14,66}", fullmatch=True),
+    origin=st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,33}", fullmatch=True),
+    e=st.booleans(),
+    b=st.integers(0, 2000).map(str) | st.just("0010"),
+    d=st.none() | st.integers(0, 10**8),
+    p=st.lists(st.from_regex(r"[A-Za-z][a-z0-9]{0,3}:[0-9]{1,4}", fullmatch=True), max_size=34),
+)
+
+
+@given(canonical_like)
+def test_fast_path_agrees_with_the_general_parser_on_canonical_like_text(text: str) -> None:
+    assert parse_question(text, now=0.0) == _general(text)
+
+
+@given(st.text(alphabet=st.sampled_from(list('v=1, k"o:eb()dp0123456789AZaz_-')), max_size=120))
+def test_fast_path_agrees_with_the_general_parser_on_arbitrary_text(text: str) -> None:
+    assert parse_question(text, now=0.0) == _general(text)
+
+
+def test_what_format_question_writes_takes_the_fast_path() -> None:
+    text = format_question(KEY, "edge", True, 2, 1.5, (Hop("edge", 1), Hop("gw", 3)))
+    assert wire._parse_canonical(text, 0.0, Limits()) == _general(text)
+    assert wire._parse_canonical(text + ", x=1", 0.0, Limits()) is None  # extras: the general parser decides

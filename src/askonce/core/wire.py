@@ -218,6 +218,45 @@ def _hop(item: Item) -> Hop | None:
     return Hop(layer, attempt) if 1 <= attempt <= MAX_ATTEMPT else None
 
 
+_HOP_TEXT = r"[A-Za-z][A-Za-z0-9_.-]{0,31}:[0-9]{1,4}"
+_CANONICAL = re.compile(
+    r'v=1, k="([0-9A-Za-z_-]{16,64})", o=([A-Za-z][A-Za-z0-9_.-]{0,31})(, e)?, b=([0-9]{1,4})'
+    rf"(?:, d=([0-9]{{1,8}}))?(?:, p=\(({_HOP_TEXT}(?: {_HOP_TEXT}){{0,{MAX_HOPS - 1}}})\))?"
+)
+
+
+def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
+    """The fast path: exactly what :func:`format_question` writes, in its order and spacing.
+
+    Anything else, including a value out of range, returns ``None`` and goes to the general parser,
+    which decides (``tests/test_wire.py`` checks both paths agree on arbitrary input).
+    """
+    m = _CANONICAL.fullmatch(text)
+    if m is None:
+        return None
+    key, origin, edge, b, d, p = m.groups()
+    budget = int(b)
+    if budget > MAX_BUDGET:
+        return None
+    deadline: float | None = None
+    if d is not None:
+        ms = int(d)
+        if ms > MAX_DEADLINE_MS:
+            return None
+        deadline = now + min(ms / 1000, limits.max_deadline)
+    path: tuple[Hop, ...] = ()
+    if p is not None:
+        hops = []
+        for hop in p.split(" "):
+            layer, _, n = hop.rpartition(":")
+            attempt = int(n)
+            if not 1 <= attempt <= MAX_ATTEMPT:
+                return None
+            hops.append(Hop(layer, attempt))
+        path = tuple(hops)
+    return Question(key, origin, edge is not None, min(budget, limits.max_budget), deadline, path)
+
+
 def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> Question | Malformed:
     """Decode an ``askonce-question`` value into a :class:`Question` on the local clock, clamped."""
     if isinstance(text, bytes):
@@ -227,6 +266,14 @@ def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> 
             text = text.decode("ascii")
         except UnicodeDecodeError:
             return Malformed("not-ascii")
+    if len(text) <= MAX_HEADER_CHARS:
+        fast = _parse_canonical(text, now, limits)
+        if fast is not None:
+            return fast
+    return _parse_question_general(text, now, limits)
+
+
+def _parse_question_general(text: str, now: float, limits: Limits) -> Question | Malformed:
     d = parse_dictionary(text)
     if isinstance(d, Malformed):
         return d
