@@ -5,10 +5,11 @@ grammar by hand (the choice was measured, see ``docs/benchmarks.md``): integers,
 tokens, byte sequences and inner lists of those (a string inside an inner list may not contain a
 parenthesis), with no parameters, no decimals and no duplicate members. Anything outside the subset,
 over the size limit, of an unknown version, or with a value out of range is rejected *as a whole*: the
-parse functions return a :class:`Malformed` carrying the reason and never raise. Every accepted header is also accepted, with the same values, by a full RFC 9651 parser
-(``tests/test_wire_differential.py`` checks it against ``http-sfv``). What ``format_question`` writes
-is recognised by one regular expression first (the canonical fast path); anything else goes through
-the general parser, and the two are checked to agree.
+parse functions return a :class:`Malformed` carrying the reason and never raise. Every accepted header
+is also accepted, with the same values, by a full RFC 9651 parser (``tests/test_wire_differential.py``
+checks it against ``http-sfv``). What ``format_question`` writes is recognised by one regular expression
+first (the canonical fast path); anything else goes through the general parser, and the two are checked
+to agree.
 
 Receivers clamp what they accept to their own :class:`Limits`: a caller cannot raise a callee's budget
 or deadline above what the callee allows.
