@@ -1,1 +1,2 @@
-"""Where state shared between calls lives: in memory by default (``memory``), fleet-wide in Redis later."""
+"""Where state shared between calls lives: ``memory`` (the default, per process), ``redis`` and
+``aredis`` (sync and asyncio Redis: shared by a fleet, with a bounded local fallback)."""

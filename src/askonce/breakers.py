@@ -1,0 +1,313 @@
+"""Circuit breakers by target: a registry, state-change callbacks, and a guard to use one on its own.
+
+::
+
+    registry = askonce.breakers.BreakerRegistry()            # in memory; or BreakerRegistry(RedisStore(url))
+    registry.on_transition(lambda target, t: log.info("%s %s -> %s (%s)", target, t.old, t.new, t.reason))
+    payments = registry.get("payments")
+    with payments.guard():                                   # raises CircuitOpen while open
+        call_payments()
+
+A registry holds one breaker per target, named as the user names it (a host, a service, an operation),
+over a store's breaker handles: in memory they are per process, in Redis they are shared by the fleet.
+``registry_for(store)`` gives the one registry of a store (so callbacks registered there see every
+breaker of that store); ``default_registry()`` is the one of the default in-memory store.
+
+What a failed call says about the target is ``is_failure``'s business: an exception carrying a
+do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own 4xx,
+any other do-not-retry reason (the question ran out of budget or time, an inner breaker is open), and a
+cancellation are no verdict on the target and only free the call's probe slot (``release``).
+
+While a breaker is open the guard raises :class:`askonce.errors.CircuitOpen` at once, with ``retry_at``
+(the caller's monotonic clock) and a reply that tells the caller upstream not to retry (reason
+``breaker-open``, pushback until ``retry_at``), carrying the bound question's remaining budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+from weakref import WeakKeyDictionary
+
+from askonce import context
+from askonce.context import count
+from askonce.core.breaker import BreakerPolicy, State, Transition
+from askonce.core.wire import Reply
+from askonce.errors import CircuitOpen, reply_of
+from askonce.stores.base import AsyncBreakerHandle, AsyncStore, BreakerHandle, Store
+from askonce.stores.memory import Listener, MemoryStore
+
+__all__ = [
+    "AsyncBreakerRegistry",
+    "AsyncCircuitBreaker",
+    "BreakerRegistry",
+    "CircuitBreaker",
+    "Listener",
+    "default_registry",
+    "is_failure",
+    "open_error",
+    "registry_for",
+]
+
+_DEFAULT_POLICY = BreakerPolicy()
+
+
+def _status(exc: BaseException) -> int | None:
+    # httpx.HTTPStatusError and requests.HTTPError carry .response.status_code; others .status_code.
+    for holder in (exc, getattr(exc, "response", None)):
+        status = getattr(holder, "status_code", None)
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status
+    return None
+
+
+def is_failure(exc: BaseException) -> bool:
+    """Does this exception count against the target's health? ``False`` means: no verdict, release."""
+    if not isinstance(exc, Exception):  # cancelled, interrupted: says nothing about the target
+        return False
+    reply = reply_of(exc)
+    if reply is not None and reply.dnr:
+        return reply.reason == "overloaded"
+    status = _status(exc)
+    if status is not None and 400 <= status < 500:
+        return status in (408, 429)
+    return True
+
+
+def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
+    """The error for a call refused by an open breaker, with the reply the caller passes upstream."""
+    frame = context.current_frame()
+    left = frame[0].account.left if frame is not None else 0
+    key = frame[0].key if frame is not None else None
+    layer = frame[1][-1].layer if frame is not None and frame[1] else target
+    pushback = None if retry_at is None else max(0.0, retry_at - now)
+    reply = Reply(left, True, "breaker-open", pushback)
+    when = "" if retry_at is None else f"; next probe in {pushback:.3f} s"
+    return CircuitOpen(f"{layer}: circuit breaker for {target!r} is open{when}", reply=reply, layer=layer, key=key,
+                       attempts=0, retry_at=retry_at)
+
+
+class _Guard:
+    """One call through a sync breaker: ``with`` or ``async with`` (the handle itself never awaits)."""
+
+    __slots__ = ("_breaker", "_now", "_start")
+
+    def __init__(self, breaker: CircuitBreaker, now: float | None) -> None:
+        self._breaker = breaker
+        self._now = now
+        self._start = 0.0
+
+    def __enter__(self) -> _Guard:
+        b = self._breaker
+        now = b.clock() if self._now is None else self._now
+        if not b.handle.allow(now):
+            raise open_error(b.target, now, b.handle.retry_at())
+        self._start = now
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        b = self._breaker
+        end = max(self._start, b.clock())
+        if exc is None:
+            b.handle.record(end, success=True, duration=end - self._start)
+        elif b.is_failure(exc):
+            b.handle.record(end, success=False, duration=end - self._start)
+        else:
+            b.handle.release(end)
+
+    async def __aenter__(self) -> _Guard:
+        return self.__enter__()
+
+    async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(t, exc, tb)
+
+
+class _AsyncGuard:
+    __slots__ = ("_breaker", "_now", "_start")
+
+    def __init__(self, breaker: AsyncCircuitBreaker, now: float | None) -> None:
+        self._breaker = breaker
+        self._now = now
+        self._start = 0.0
+
+    async def __aenter__(self) -> _AsyncGuard:
+        b = self._breaker
+        now = b.clock() if self._now is None else self._now
+        if not await b.handle.allow(now):
+            raise open_error(b.target, now, b.handle.retry_at())
+        self._start = now
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        b = self._breaker
+        end = max(self._start, b.clock())
+        if exc is None:
+            await b.handle.record(end, success=True, duration=end - self._start)
+        elif b.is_failure(exc):
+            await b.handle.record(end, success=False, duration=end - self._start)
+        else:
+            await b.handle.release(end)
+
+
+class CircuitBreaker:
+    """One target's breaker over a sync store handle (memory or Redis)."""
+
+    __slots__ = ("clock", "handle", "is_failure", "policy", "target")
+
+    def __init__(self, target: str, handle: BreakerHandle, policy: BreakerPolicy, *,
+                 clock: Callable[[], float], is_failure: Callable[[BaseException], bool]) -> None:
+        self.target = target
+        self.handle = handle
+        self.policy = policy
+        self.clock = clock
+        self.is_failure = is_failure
+
+    def guard(self, now: float | None = None) -> _Guard:
+        """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the outcome."""
+        return _Guard(self, now)
+
+    def state(self, now: float | None = None) -> State:
+        return self.handle.state(self.clock() if now is None else now)
+
+    def retry_at(self) -> float | None:
+        return self.handle.retry_at()
+
+
+class AsyncCircuitBreaker:
+    """One target's breaker over an asyncio store handle (``AsyncRedisStore``)."""
+
+    __slots__ = ("clock", "handle", "is_failure", "policy", "target")
+
+    def __init__(self, target: str, handle: AsyncBreakerHandle, policy: BreakerPolicy, *,
+                 clock: Callable[[], float], is_failure: Callable[[BaseException], bool]) -> None:
+        self.target = target
+        self.handle = handle
+        self.policy = policy
+        self.clock = clock
+        self.is_failure = is_failure
+
+    def guard(self, now: float | None = None) -> _AsyncGuard:
+        """``async with breaker.guard(): await call()``."""
+        return _AsyncGuard(self, now)
+
+    async def state(self, now: float | None = None) -> State:
+        return await self.handle.state(self.clock() if now is None else now)
+
+    def retry_at(self) -> float | None:
+        return self.handle.retry_at()
+
+
+B = TypeVar("B", CircuitBreaker, AsyncCircuitBreaker)
+
+
+class _Registry(Generic[B]):
+    def __init__(self, policy: BreakerPolicy, clock: Callable[[], float] | None,
+                 is_failure: Callable[[BaseException], bool], max_targets: int) -> None:
+        if max_targets < 1:
+            raise ValueError("max_targets must be at least 1")
+        self.policy = policy
+        self.clock = clock or context.monotonic
+        self.is_failure = is_failure
+        self._max = max_targets
+        self._lock = threading.Lock()
+        self._breakers: OrderedDict[str, B] = OrderedDict()
+        self._callbacks: tuple[Listener, ...] = ()
+
+    def on_transition(self, callback: Listener) -> Listener:
+        """Call ``callback(target, transition)`` on every state change; usable as a decorator.
+
+        Callbacks run in the thread (or task) whose call caused the change, after the breaker's lock is
+        released. With a Redis store, changes made by other processes arrive with reason ``observed``
+        when this process next looks, and changes of the local fallback with their own reasons.
+        """
+        with self._lock:
+            self._callbacks = (*self._callbacks, callback)
+        return callback
+
+    def remove_callback(self, callback: Listener) -> None:
+        with self._lock:
+            self._callbacks = tuple(c for c in self._callbacks if c != callback)
+
+    def _dispatch(self, target: str, transition: Transition) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(target, transition)
+            except Exception:
+                count("breaker.listener.error")
+
+    def _get(self, target: str, policy: BreakerPolicy | None, make: Callable[[BreakerPolicy], B]) -> B:
+        breaker = self._breakers.get(target)
+        if breaker is None:
+            with self._lock:
+                breaker = self._breakers.get(target)
+                if breaker is None:
+                    breaker = self._breakers[target] = make(policy or self.policy)
+                    add = getattr(breaker.handle, "add_listener", None)
+                    if add is not None:
+                        add(self._dispatch)
+                    if len(self._breakers) > self._max:
+                        self._breakers.popitem(last=False)
+                        count("breakers.registry.evicted")
+        if policy is not None and policy != breaker.policy:
+            raise ValueError(f"breaker {target!r} already exists with another policy ({breaker.policy!r})")
+        return breaker
+
+    def targets(self) -> list[str]:
+        return list(self._breakers)
+
+
+class BreakerRegistry(_Registry[CircuitBreaker]):
+    """Breakers by target over a sync store (default: a new in-memory store)."""
+
+    def __init__(self, store: Store | None = None, *, policy: BreakerPolicy = _DEFAULT_POLICY,
+                 clock: Callable[[], float] | None = None,
+                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+        super().__init__(policy, clock, is_failure, max_targets)
+        self.store: Store = store if store is not None else MemoryStore(self.clock)
+
+    def get(self, target: str, policy: BreakerPolicy | None = None) -> CircuitBreaker:
+        """The breaker of ``target`` (made with ``policy`` or the registry's on first use)."""
+        return self._get(target, policy, lambda p: CircuitBreaker(
+            target, self.store.breaker(target, p), p, clock=self.clock, is_failure=self.is_failure))
+
+    def states(self, now: float | None = None) -> dict[str, State]:
+        return {target: breaker.state(now) for target, breaker in list(self._breakers.items())}
+
+
+class AsyncBreakerRegistry(_Registry[AsyncCircuitBreaker]):
+    """Breakers by target over an asyncio store."""
+
+    def __init__(self, store: AsyncStore, *, policy: BreakerPolicy = _DEFAULT_POLICY,
+                 clock: Callable[[], float] | None = None,
+                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+        super().__init__(policy, clock, is_failure, max_targets)
+        self.store = store
+
+    def get(self, target: str, policy: BreakerPolicy | None = None) -> AsyncCircuitBreaker:
+        return self._get(target, policy, lambda p: AsyncCircuitBreaker(
+            target, self.store.breaker(target, p), p, clock=self.clock, is_failure=self.is_failure))
+
+
+_registries: WeakKeyDictionary[object, BreakerRegistry] = WeakKeyDictionary()
+_registries_lock = threading.Lock()
+
+
+def registry_for(store: Store) -> BreakerRegistry:
+    """The one registry of a sync store, made on first use (callbacks there see all of its breakers)."""
+    with _registries_lock:
+        registry = _registries.get(store)
+        if registry is None:
+            registry = _registries[store] = BreakerRegistry(store)
+        return registry
+
+
+def default_registry() -> BreakerRegistry:
+    """The registry of ``@askonce.retry``'s default in-memory store."""
+    from askonce.retrying import default_store  # here, not at the top: retrying may import this module
+
+    return registry_for(default_store())

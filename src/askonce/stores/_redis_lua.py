@@ -1,0 +1,215 @@
+"""What lives in Redis: the Lua scripts, the key layout, and how their answers read.
+
+Both scripts are ports of the pure core (``core.bucket.TokenBucket``, ``core.breaker.Breaker``) run
+atomically by the server on its own clock (``TIME``), so that every process sharing a target sees one
+state. Keys are ``{<prefix>:<target>}:<kind>:<policy digest>``; the ``{...}`` hash tag puts all of a
+target's keys in one Redis Cluster slot, which multi-key scripts need. The breaker's window has a key of
+its own (``...:w``): for a count window a string of one flags byte per call (``SETRANGE``), for a time
+window a hash of per-second buckets. Every script refreshes a TTL on every key it touches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from askonce.core.breaker import BreakerPolicy, State, Transition
+from askonce.core.bucket import BucketPolicy
+
+__all__ = ["LUA_BREAKER", "LUA_BUCKET", "BreakerReply", "breaker_args", "bucket_args", "policy_digest", "target_tag"]
+
+# KEYS[1] = bucket hash. ARGV = ratio, floor, max_tokens, deposits, take (0|1), ttl_ms[, now].
+# The same arithmetic as core.bucket.TokenBucket, on the server's clock. Returns {granted, tokens}.
+# Both scripts take an optional last ``now`` instead of TIME: only the tests pass it, to play the same
+# script against the core with an injected clock; handles never do.
+LUA_BUCKET = """
+local ratio, floor, max_e = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local n, take, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(ARGV[7]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
+local s = redis.call('HMGET', KEYS[1], 'e', 'f', 'u')
+local fcap = 0
+if floor > 0 then fcap = math.max(1, floor) end
+local e = tonumber(s[1]) or 0
+local f = tonumber(s[2]) or fcap
+local u = tonumber(s[3]) or now
+if n > 0 then e = math.min(max_e, e + n * ratio) end
+if now > u then f = math.min(fcap, f + (now - u) * floor); u = now end
+local ok = 0
+if take > 0 then
+  if e >= 1 then e = e - 1; ok = 1 elseif f >= 1 then f = f - 1; ok = 1 end
+end
+redis.call('HSET', KEYS[1], 'e', string.format('%.17g', e), 'f', string.format('%.17g', f),
+  'u', string.format('%.6f', u))
+redis.call('PEXPIRE', KEYS[1], ttl)
+return {ok, string.format('%.17g', e + f)}
+"""
+
+# KEYS[1] = breaker state hash, KEYS[2] = window (count: a string of one flags byte per call; time: a
+# hash of per-second buckets). ARGV = op, window, window_size, minimum_calls, failure_rate,
+# slow_call_rate, slow_call_duration (< 0: not judged), open_for, half_open_probes, ttl_ms, success,
+# duration[, now]. A port of core.breaker.Breaker (same states, windows, reasons); returns
+# {state, allowed, retry_at, now, leased, old1, new1, at1, reason1, ...}. States: 0 closed 1 open 2 half.
+LUA_BREAKER = """
+local sk, wk, op, timewin = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == 'time'
+local size, minc = tonumber(ARGV[3]), tonumber(ARGV[4])
+local frate, srate, sdur = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local open_for, probes, ttl = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local success, duration = ARGV[11] == '1', tonumber(ARGV[12])
+local function fmt(x) return string.format('%.6f', x) end
+local t = redis.call('TIME')
+local now = tonumber(ARGV[13]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
+local h = redis.call('HMGET', sk, 'st', 'now', 'oa', 'pa', 'ps', 'c', 'f', 's', 'nx', 'fl', 'hd', 'gen', 'ho')
+local st = tonumber(h[1]) or 0
+local last = tonumber(h[2])
+if last and now < last then now = last end
+local oa, pa, ps = tonumber(h[3]), tonumber(h[4]) or 0, tonumber(h[5]) or 0
+local calls, fails, slow = tonumber(h[6]) or 0, tonumber(h[7]) or 0, tonumber(h[8]) or 0
+local nx, fl, hd = tonumber(h[9]) or 0, tonumber(h[10]) or 0, tonumber(h[11])
+local gen, ho = tonumber(h[12]) or 0, tonumber(h[13])
+local moves, leased = {}, 0
+
+local function bucket(i)
+  local b = redis.call('HMGET', wk, 'S' .. i, 'g' .. i, 'c' .. i, 'f' .. i, 'w' .. i)
+  return tonumber(b[1]), tonumber(b[2]), tonumber(b[3]) or 0, tonumber(b[4]) or 0, tonumber(b[5]) or 0
+end
+local function roll(sec)
+  if hd ~= nil and sec <= hd then return end
+  if hd == nil or sec - hd >= size then
+    calls, fails, slow = 0, 0, 0
+  else
+    for s = hd + 1, sec do
+      local bs, bg, bc, bf, bw = bucket(s % size)
+      if bg == gen and bs == s - size then calls, fails, slow = calls - bc, fails - bf, slow - bw end
+    end
+  end
+  hd = sec
+end
+local function add(flags)
+  local failed, isslow = flags % 2, math.floor(flags / 2)
+  if timewin then
+    local sec = math.floor(now)
+    roll(sec)
+    local i = sec % size
+    local bs, bg, bc, bf, bw = bucket(i)
+    if bs ~= sec or bg ~= gen then bc, bf, bw = 0, 0, 0 end
+    redis.call('HSET', wk, 'S' .. i, sec, 'g' .. i, gen, 'c' .. i, bc + 1, 'f' .. i, bf + failed, 'w' .. i, bw + isslow)
+  else
+    if fl == size then
+      local old = string.byte(redis.call('GETRANGE', wk, nx, nx)) or 0
+      calls, fails, slow = calls - 1, fails - old % 2, slow - math.floor(old / 2)
+    else
+      fl = fl + 1
+    end
+    redis.call('SETRANGE', wk, nx, string.char(flags))
+    nx = (nx + 1) % size
+  end
+  calls, fails, slow = calls + 1, fails + failed, slow + isslow
+end
+local function reset()
+  calls, fails, slow, nx, fl, gen = 0, 0, 0, 0, 0, gen + 1
+end
+local function move(new, at, reason)
+  moves[#moves + 1] = st; moves[#moves + 1] = new; moves[#moves + 1] = fmt(at); moves[#moves + 1] = reason
+  st, pa, ps = new, 0, 0
+  ho = nil
+  if new == 1 then oa = at; reset() elseif new == 0 then oa = nil end
+end
+
+if st == 1 and oa then
+  if now >= oa + open_for then move(2, oa + open_for, 'open-elapsed') end
+elseif st == 0 and timewin then
+  roll(math.floor(now))
+end
+local allowed = 0
+if op == 'allow' then
+  if st == 0 then
+    allowed = 1
+  elseif st == 2 then
+    if pa >= probes and ps < probes and ho and now >= ho + open_for then pa, ps, leased = 0, 0, 1 end
+    if pa < probes then pa, ho, allowed = pa + 1, now, 1 end
+  end
+elseif op == 'record' then
+  local isslow = sdur >= 0 and duration >= sdur
+  if st == 0 then
+    add((success and 0 or 1) + (isslow and 2 or 0))
+    if calls >= minc then
+      if fails / calls >= frate then move(1, now, 'failure-rate')
+      elseif sdur >= 0 and slow / calls >= srate then move(1, now, 'slow-call-rate') end
+    end
+  elseif st == 2 and pa > ps then
+    if not success then move(1, now, 'probe-failed')
+    elseif isslow then move(1, now, 'probe-slow')
+    else
+      ps = ps + 1
+      if ps >= probes then move(0, now, 'probes-succeeded') end
+    end
+  end
+elseif op == 'release' then
+  if st == 2 and pa > ps then pa = pa - 1 end
+elseif op == 'force_open' then
+  if st == 1 then oa = now else move(1, now, 'forced') end
+elseif op == 'force_closed' then
+  if st == 0 then reset() else move(0, now, 'forced') end
+end
+redis.call('HSET', sk, 'st', st, 'now', fmt(now), 'oa', oa and fmt(oa) or '', 'pa', pa, 'ps', ps, 'c', calls,
+  'f', fails, 's', slow, 'nx', nx, 'fl', fl, 'hd', hd or '', 'gen', gen, 'ho', ho and fmt(ho) or '')
+redis.call('PEXPIRE', sk, ttl)
+redis.call('PEXPIRE', wk, ttl)
+local out = {st, allowed, (st == 1 and oa) and fmt(oa + open_for) or '', fmt(now), leased}
+for i = 1, #moves do out[#out + 1] = moves[i] end
+return out
+"""
+
+_STATES = (State.CLOSED, State.OPEN, State.HALF_OPEN)
+_MAX_TARGET = 120
+
+
+def target_tag(prefix: str, target: str) -> str:
+    """The hash-tagged key stem of a target: ``{prefix:target}``, hashed if the name could break the tag."""
+    if len(target) > _MAX_TARGET or not target.isprintable() or any(c in target for c in "{}#"):
+        target = "#" + hashlib.sha1(target.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{{{prefix}:{target}}}"
+
+
+def policy_digest(policy: BucketPolicy | BreakerPolicy) -> str:
+    return hashlib.sha1(repr(policy).encode()).hexdigest()[:10]
+
+
+def bucket_args(policy: BucketPolicy, deposits: int, take: bool, ttl_ms: int) -> list[str]:
+    return [repr(float(policy.ratio)), repr(float(policy.floor)), repr(float(policy.max_tokens)), str(deposits),
+            "1" if take else "0", str(ttl_ms)]
+
+
+def breaker_args(policy: BreakerPolicy, ttl: float) -> list[str]:
+    """The policy part of the breaker script's arguments; op, success and duration are added per call."""
+    # The state must outlive an open period and a time window, or a quiet fleet would forget it is open.
+    ttl_ms = int(1000 * max(ttl, 2 * policy.open_for + (policy.window_size if policy.window == "time" else 0)))
+    slow = -1.0 if policy.slow_call_duration is None else float(policy.slow_call_duration)
+    return [policy.window, str(policy.window_size), str(policy.minimum_calls), repr(float(policy.failure_rate)),
+            repr(float(policy.slow_call_rate)), repr(slow), repr(float(policy.open_for)),
+            str(policy.half_open_probes), str(ttl_ms)]
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class BreakerReply:
+    """A breaker script's answer, on the caller's clock."""
+
+    __slots__ = ("allowed", "leased", "retry_at", "state", "transitions")
+
+    def __init__(self, raw: Sequence[Any], now: float) -> None:
+        offset = now - float(text(raw[3]))
+        self.state = _STATES[int(raw[0])]
+        self.allowed = int(raw[1]) == 1
+        retry_at = text(raw[2])
+        self.retry_at = float(retry_at) + offset if retry_at else None
+        self.leased = int(raw[4]) == 1
+        self.transitions = [
+            Transition(_STATES[int(raw[i])], _STATES[int(raw[i + 1])], float(text(raw[i + 2])) + offset,
+                       text(raw[i + 3]))
+            for i in range(5, len(raw) - 3, 4)
+        ]

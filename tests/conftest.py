@@ -1,0 +1,33 @@
+"""Redis fixtures: a real ``redis-server`` started by the tests themselves (see ``redis_server.py``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from redis_server import REDIS_SERVER, RedisServer, redis_server
+
+
+def _need_redis() -> None:
+    if REDIS_SERVER is None:
+        if os.environ.get("CI"):  # CI installs it (scripts/test.sh): a skip there would hide a broken install
+            pytest.fail("redis-server is not installed, but CI must run the Redis tests")
+        pytest.skip("redis-server is not installed")
+
+
+@pytest.fixture(scope="session")
+def shared_redis() -> Iterator[RedisServer]:
+    """One server for tests that only need one; each test keys its own targets."""
+    _need_redis()
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A server of this test's own, for tests that kill, pause or restart it."""
+    _need_redis()
+    with redis_server() as server:
+        yield server
