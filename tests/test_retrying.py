@@ -296,3 +296,91 @@ def test_import_askonce_pulls_in_no_asyncio_and_no_framework() -> None:
             "'starlette', 'fastapi', 'flask') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _breaker_layer(target: Target, now: list[float], **kw):  # type: ignore[no-untyped-def]
+    from askonce.core.breaker import BreakerPolicy
+    from askonce.stores.memory import MemoryStore
+
+    policy = BreakerPolicy(window_size=4, minimum_calls=4, failure_rate=0.5, open_for=10.0, half_open_probes=1)
+    return askonce.retry(on=ConnectionError, attempts=3, backoff=NO_WAIT, bucket=None, breaker=policy,
+                         store=MemoryStore(lambda: now[0]), clock=lambda: now[0], layer="guarded", **kw)(target)
+
+
+def test_breaker_opens_and_then_no_call_reaches_the_target() -> None:
+    now = [0.0]
+    target = Target()
+    fn = _breaker_layer(target, now)
+    with askonce.question(budget=5), pytest.raises(ConnectionError):
+        fn()  # three failed attempts: the layer's own limit, so the original error
+    with askonce.question(budget=5), pytest.raises(askonce.CircuitOpen) as info:
+        fn()  # the fourth failure fills the window and opens the breaker: the retry is refused
+    calls = target.calls
+    assert calls == 4
+    assert info.value.reply.dnr and info.value.reply.reason == "breaker-open"
+    assert info.value.retry_at == 10.0 and info.value.reply.pushback == pytest.approx(10.0)
+    with askonce.question(budget=5), pytest.raises(askonce.CircuitOpen):
+        fn()
+    assert target.calls == calls  # refused at once: the target saw nothing more
+
+
+def test_breaker_probe_after_open_for_closes_it_on_success() -> None:
+    now = [0.0]
+    target = Target(fail_first=4)
+    fn = _breaker_layer(target, now)
+    with askonce.question(budget=5), pytest.raises(ConnectionError):
+        fn()
+    with askonce.question(budget=5), pytest.raises(askonce.CircuitOpen):
+        fn()
+    now[0] = 10.0
+    with askonce.question(budget=5):
+        assert fn() == "ok"  # the half-open probe succeeds
+    with askonce.question(budget=5):
+        assert fn() == "ok"
+
+
+def test_errors_the_breaker_does_not_judge_release_the_probe() -> None:
+    now = [0.0]
+    target = Target(exc=asyncio.CancelledError)  # not an Exception: no verdict on the target
+    fn = _breaker_layer(target, now)
+    for _ in range(6):
+        with askonce.question(budget=5), pytest.raises(asyncio.CancelledError):
+            fn()
+    assert target.calls == 6  # never opened
+
+
+async def test_async_breaker() -> None:
+    from askonce.core.breaker import BreakerPolicy
+    from askonce.stores.memory import MemoryStore
+
+    now = [0.0]
+    calls = 0
+
+    async def target() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError
+
+    policy = BreakerPolicy(window_size=2, minimum_calls=2, failure_rate=1.0, open_for=5.0)
+    fn = askonce.retry(on=ConnectionError, backoff=NO_WAIT, bucket=None, breaker=policy,
+                       store=MemoryStore(lambda: now[0]), clock=lambda: now[0])(target)
+    async with askonce.question(budget=5):
+        with pytest.raises(askonce.CircuitOpen):
+            await fn()
+    assert calls == 2
+
+
+def test_iterator_form_with_a_breaker() -> None:
+    from askonce.core.breaker import BreakerPolicy
+    from askonce.stores.memory import MemoryStore
+
+    now = [0.0]
+    target = Target()
+    policy = BreakerPolicy(window_size=2, minimum_calls=2, failure_rate=1.0, open_for=5.0)
+    layer_ = askonce.retry(on=ConnectionError, backoff=NO_WAIT, bucket=None, breaker=policy,
+                           store=MemoryStore(lambda: now[0]), clock=lambda: now[0])
+    with askonce.question(budget=5), pytest.raises(askonce.CircuitOpen):
+        for attempt in layer_:
+            with attempt:
+                target()
+    assert target.calls == 2

@@ -127,7 +127,7 @@ def failure_of(exc: BaseException) -> Failure:
 
 
 def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: str | None,
-              attempts: int) -> BaseException:
+              attempts: int, retry_at: float | None = None) -> BaseException:
     """The exception a shell raises for a give-up: ours for askonce's limits, the original otherwise."""
     if isinstance(last, GaveUp) and give_up.reply.dnr:
         return last  # an inner layer already gave up for the question; adding a wrapper says nothing new
@@ -139,4 +139,6 @@ def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: s
         return last
     detail = f" ({give_up.reply.reason})" if give_up.kind == "dnr" and give_up.reply.reason else ""
     message = f"{layer}: {_MESSAGES[give_up.kind]}{detail} after {attempts} attempt(s), question {key}"
+    if cls is CircuitOpen:
+        return CircuitOpen(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts, retry_at=retry_at)
     return cls(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts)

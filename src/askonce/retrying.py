@@ -21,19 +21,21 @@ import inspect
 import random as _random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextvars import Token
-from types import TracebackType
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from askonce import context
+from askonce._attempts import AttemptContext, _averdict, _Run, _verdict
 from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
-from askonce.core.question import Account, Frame, Hop, Tab
+from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait, fits
 from askonce.core.wire import valid_name
 from askonce.errors import error_for, failure_of
-from askonce.stores.base import BucketHandle, Store
+from askonce.stores.base import BreakerHandle, BucketHandle, Store
+
+if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
+    from askonce.core.breaker import BreakerPolicy
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -79,7 +81,9 @@ class retry:  # spelled like a function: it is used as a decorator
     ``on``: what to retry (exception types or a predicate); the default is connection errors and
     timeouts. ``attempts``: this layer's own limit. ``budget``/``deadline``: used only when this layer
     has to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
-    ``bucket``: the per-target retry token bucket (``None`` turns it off); ``target`` names it.
+    ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
+    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both (default:
+    the layer). ``store``: where they live (default: this process's memory; ``askonce.stores.redis``).
     ``clock``, ``sleep``, ``random``: injectable for tests and simulations.
     """
 
@@ -94,6 +98,7 @@ class retry:  # spelled like a function: it is used as a decorator
         deadline: float | None = 30.0,
         idempotent: bool = True,
         bucket: BucketPolicy | None = DEFAULT_BUCKET,
+        breaker: BreakerPolicy | None = None,
         target: str | None = None,
         originator: bool = False,
         policy: RetryPolicy | None = None,
@@ -110,6 +115,8 @@ class retry:  # spelled like a function: it is used as a decorator
         self.originator = originator
         self._matches = _predicate(on)
         self._bucket_policy = bucket
+        self._breaker_policy = breaker
+        self._breaker_handle: BreakerHandle | None = None
         self._target = target
         self._store = store
         self._clock = clock or context.monotonic
@@ -128,6 +135,15 @@ class retry:  # spelled like a function: it is used as a decorator
             handle = self._handle = store.bucket(self._target or layer, self._bucket_policy)
         return handle
 
+    def _breaker(self, layer: str) -> BreakerHandle | None:
+        if self._breaker_policy is None:
+            return None
+        handle = self._breaker_handle
+        if handle is None:
+            store = self._store or default_store()
+            handle = self._breaker_handle = store.breaker(self._target or layer, self._breaker_policy)
+        return handle
+
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
         frame = _frame.get()
         if frame is not None:
@@ -136,8 +152,10 @@ class retry:  # spelled like a function: it is used as a decorator
         deadline = None if p.deadline is None else self._clock() + p.deadline
         return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key), ()
 
-    def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState) -> None:
-        err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt)
+    def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState,
+               retry_at: float | None = None) -> None:
+        err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt,
+                        retry_at=retry_at)
         if err is last:
             raise err
         raise err from last
@@ -161,12 +179,15 @@ class retry:  # spelled like a function: it is used as a decorator
         first = (Hop(layer, 1),)
         budget, originator, minter = policy.budget, self.originator, context.new_key
         get, set_, reset = _frame.get, _frame.set, _frame.reset
+        guarded = self._breaker_policy is not None
 
         def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
                               last: BaseException | None, args: Any, kwargs: Any) -> T:
+            """Every attempt after a failure (or from the first, when a breaker or deadline must judge it)."""
+            breaker = self._breaker(layer)
             state = RetryState(policy, tab, layer, bucket is not None)
             action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
-            if last is None:  # the first attempt was refused before it started
+            if last is None:
                 action = state.start(clock())
             while True:
                 if last is not None:
@@ -180,13 +201,24 @@ class retry:  # spelled like a function: it is used as a decorator
                         action = state.resume(clock())
                 if type(action) is not Attempt:
                     self._raise(cast(GiveUp, action), last, state)
+                started = clock()
+                if breaker is not None and not breaker.allow(started):
+                    retry_at = breaker.retry_at()
+                    self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
                 token = set_((tab, (*path, cast(Attempt, action).hop)))
                 try:
-                    return fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
                 except BaseException as exc:
+                    if breaker is not None:
+                        _verdict(breaker, exc, started, clock())
                     if not matches(exc):
                         raise
                     last = exc
+                else:
+                    if breaker is not None:
+                        ended = clock()
+                        breaker.record(ended, success=True, duration=ended - started)
+                    return result
                 finally:
                     reset(token)
 
@@ -202,12 +234,14 @@ class retry:  # spelled like a function: it is used as a decorator
                 path: tuple[Hop, ...] = ()
             else:
                 tab, path = frame
-                # A question minted just now has its whole deadline ahead; one bound above may not.
-                if tab.deadline is not None and not fits(policy, tab.deadline, clock()):
-                    return retry_after_first(tab, path, self._bucket(layer), None, args, kwargs)
             bucket = self._handle if self._handle is not None else self._bucket(layer)
             if bucket is not None:
                 bucket.deposit()
+            # A question minted just now has its whole deadline ahead; one bound above may not. A breaker
+            # judges every attempt, so with one configured the full loop runs from the first attempt.
+            if guarded or (frame is not None and tab.deadline is not None
+                           and not fits(policy, tab.deadline, clock())):
+                return retry_after_first(tab, path, bucket, None, args, kwargs)
             token = set_((tab, path + first))
             try:
                 return fn(*args, **kwargs)
@@ -229,9 +263,11 @@ class retry:  # spelled like a function: it is used as a decorator
         first = (Hop(layer, 1),)
         budget, originator, minter = policy.budget, self.originator, context.new_key
         get, set_, reset = _frame.get, _frame.set, _frame.reset
+        guarded = self._breaker_policy is not None
 
         async def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
                                     last: BaseException | None, args: Any, kwargs: Any) -> T:
+            breaker: Any = self._breaker(layer)  # a sync handle, or an asyncio-Redis one to await
             state = RetryState(policy, tab, layer, bucket is not None)
             action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
             if last is None:
@@ -253,13 +289,30 @@ class retry:  # spelled like a function: it is used as a decorator
                         action = state.resume(clock())
                 if type(action) is not Attempt:
                     self._raise(cast(GiveUp, action), last, state)
+                started = clock()
+                if breaker is not None:
+                    allowed = breaker.allow(started)
+                    if inspect.isawaitable(allowed):
+                        allowed = await allowed
+                    if not allowed:
+                        retry_at = breaker.retry_at()
+                        self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
                 token = set_((tab, (*path, cast(Attempt, action).hop)))
                 try:
-                    return await fn(*args, **kwargs)
+                    result = await fn(*args, **kwargs)
                 except BaseException as exc:
+                    if breaker is not None:
+                        await _averdict(breaker, exc, started, clock())
                     if not matches(exc):
                         raise
                     last = exc
+                else:
+                    if breaker is not None:
+                        ended = clock()
+                        done = breaker.record(ended, success=True, duration=ended - started)
+                        if inspect.isawaitable(done):
+                            await done
+                    return result
                 finally:
                     reset(token)
 
@@ -273,12 +326,12 @@ class retry:  # spelled like a function: it is used as a decorator
                 path: tuple[Hop, ...] = ()
             else:
                 tab, path = frame
-                # A question minted just now has its whole deadline ahead; one bound above may not.
-                if tab.deadline is not None and not fits(policy, tab.deadline, clock()):
-                    return await retry_after_first(tab, path, self._bucket(layer), None, args, kwargs)
             bucket = self._handle if self._handle is not None else self._bucket(layer)
             if bucket is not None:
                 bucket.deposit()
+            if guarded or (frame is not None and tab.deadline is not None
+                           and not fits(policy, tab.deadline, clock())):
+                return await retry_after_first(tab, path, bucket, None, args, kwargs)
             token = set_((tab, path + first))
             try:
                 return await fn(*args, **kwargs)
@@ -323,65 +376,3 @@ class retry:  # spelled like a function: it is used as a decorator
                 result = sleep(wait)
                 if inspect.isawaitable(result):
                     await result
-
-
-class _Run:
-    """The state of one pass through the iterator form."""
-
-    def __init__(self, owner: retry, layer: str) -> None:
-        self.owner = owner
-        self.tab, self.path = owner._frame(layer)
-        self.bucket = owner._bucket(layer)
-        self.state = RetryState(owner.policy, self.tab, layer, self.bucket is not None)
-        self.action: Attempt | Wait | Acquire | GiveUp = self.state.start(owner._clock())
-        self.last: BaseException | None = None
-        if self.bucket is not None:
-            self.bucket.deposit()
-
-    def next_attempt(self) -> AttemptContext:
-        if type(self.action) is Wait:  # the wait has been served: decide now whether to go on
-            self.action = self.state.resume(self.owner._clock())
-        if type(self.action) is not Attempt:
-            self.owner._raise(cast(GiveUp, self.action), self.last, self.state)
-        return AttemptContext(self, cast(Attempt, self.action))
-
-    def after(self, ctx: AttemptContext) -> float:
-        """Seconds to wait before the next attempt (0 also when giving up: ``next_attempt`` raises)."""
-        if ctx.error is None:
-            raise RuntimeError("askonce.retry: each attempt must be used as `with attempt:`")
-        owner, bucket = self.owner, self.bucket
-        self.last = ctx.error
-        self.action = self.state.on_failure(failure_of(ctx.error), owner._clock(), owner._random())
-        if type(self.action) is Acquire:
-            now = owner._clock()
-            self.action = self.state.acquired(bucket is not None and bucket.withdraw(now), now)
-        return self.action.seconds if type(self.action) is Wait else 0.0
-
-
-class AttemptContext:
-    """One attempt of the iterator form: ``with attempt:`` runs it, with the question bound."""
-
-    __slots__ = ("_hop", "_token", "done", "error", "number", "run")
-
-    def __init__(self, run: _Run, action: Attempt) -> None:
-        self.run = run
-        self.number = action.number
-        self._hop = action.hop
-        self.done = False
-        self.error: BaseException | None = None
-        self._token: Token[Frame | None] | None = None
-
-    def __enter__(self) -> AttemptContext:
-        self._token = _frame.set((self.run.tab, (*self.run.path, self._hop)))
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
-        if self._token is not None:
-            _frame.reset(self._token)
-            self._token = None
-        if exc is None or not self.run.owner._matches(exc):
-            self.done = True
-            return False
-        self.error = exc
-        return True  # swallowed here; the iterator decides whether to try again or raise
