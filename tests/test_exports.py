@@ -3,10 +3,11 @@
 import askonce
 
 EXPECTED = {
-    "NO_WAIT", "QUESTION_HEADER", "REPLY_HEADER", "AskonceError", "Backoff", "BucketPolicy", "BudgetExhausted",
-    "CircuitOpen", "DeadlineExceeded", "DoNotRetry", "Failure", "GaveUp", "Hop", "Limits", "MalformedContext",
-    "Question", "Reply", "RetryPolicy", "RetryThrottled", "__version__", "bind", "current", "extract",
-    "extract_reply", "fanout", "inject", "new_key", "outgoing", "question", "retry", "serve", "stats",
+    'AskonceError', 'Backoff', 'BreakerPolicy', 'BreakerRegistry', 'BucketPolicy', 'BudgetExhausted',
+    'CircuitOpen', 'DeadlineExceeded', 'DoNotRetry', 'Failure', 'GaveUp', 'Hop', 'Limits', 'MalformedContext',
+    'NO_WAIT', 'QUESTION_HEADER', 'Question', 'REPLY_HEADER', 'Reply', 'RetryPolicy', 'RetryThrottled',
+    '__version__', 'bind', 'current', 'extract', 'extract_reply', 'fanout', 'inject', 'new_key', 'outgoing',
+    'question', 'retry', 'serve', 'stats',
 }
 
 

@@ -8,6 +8,8 @@ happens, so a question costs at most ``1 + budget`` arrivals however deep the st
 ``askonce.integrations.*`` and are imported only when used.
 """
 
+from typing import TYPE_CHECKING
+
 from askonce.context import (
     bind,
     current,
@@ -38,7 +40,25 @@ from askonce.errors import (
 )
 from askonce.retrying import retry
 
+if TYPE_CHECKING:
+    from askonce.breakers import BreakerRegistry
+    from askonce.core.breaker import BreakerPolicy
+
 __version__ = "0.1.0"
+
+_LAZY = {"BreakerPolicy": "askonce.core.breaker", "BreakerRegistry": "askonce.breakers"}
+
+
+def __getattr__(name: str) -> object:
+    """Names whose modules cost import time are imported on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'askonce' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "NO_WAIT",
@@ -46,6 +66,8 @@ __all__ = [
     "REPLY_HEADER",
     "AskonceError",
     "Backoff",
+    "BreakerPolicy",
+    "BreakerRegistry",
     "BucketPolicy",
     "BudgetExhausted",
     "CircuitOpen",

@@ -13,7 +13,11 @@ The ASGI, WSGI (and gRPC) middlewares only move bytes; this module decides. For 
 
 Frameworks that turn exceptions into their own 500 inside the app (Flask, Django) hide the give-up from
 the middleware; their error hook calls :func:`note_failure`, and a 5xx the app then sends is replaced
-by the same 503.
+by the same 503. The request also runs inside :func:`askonce.client.replies`, so a handler that turns a
+downstream give-up *response* into an error of its own (``return Response(status_code=502)``) is caught
+the same way: when the app answers 5xx and the latest outgoing call that gave up said do-not-retry, the
+answer carries that do-not-retry (``Reply(min(left, r.budget), True, r.reason, r.pushback)``, the rule of
+``context.Serving.reply``). A handler that answers 2xx-4xx after a give-up keeps its answer, without it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from askonce import context
+from askonce.client import _record as _replies
+from askonce.client import last_reply, replies
 from askonce.context import Serving, _frame
 from askonce.core import wire
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
@@ -116,10 +122,22 @@ class Answer(NamedTuple):
         return out
 
 
+class PassedOn(Exception):
+    """A do-not-retry give-up of a call the app made, recorded by :func:`askonce.client.replies`.
+
+    The failure an error answer of the app stands for when no exception reached the middleware: the app
+    turned the give-up's response into an error response of its own.
+    """
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(f"a call this request made gave up ({reply.reason or 'do not retry'})")
+        self.askonce_reply = reply
+
+
 class Arrival:
     """One request at this layer: the bound question, how it came, and what was decided before the app."""
 
-    __slots__ = ("answer", "deadline", "malformed", "noted", "serving")
+    __slots__ = ("_noted", "answer", "deadline", "malformed", "serving")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.serving = serving
@@ -127,14 +145,31 @@ class Arrival:
         # Only a deadline that came with the request bounds the handler; a minted one bounds retries.
         self.deadline = None if serving.minted else serving.tab.deadline
         self.answer: Answer | None = None
-        self.noted: BaseException | None = None
+        self._noted: BaseException | None = None
+
+    @property
+    def noted(self) -> BaseException | None:
+        """What an error answer of the app (5xx, a gRPC error status) answers for, if anything does.
+
+        The exception the framework's error hook noted (:func:`note_failure`), else the do-not-retry
+        give-up of the latest call the app made (:func:`askonce.client.last_reply`), else ``None``.
+        Read only for error answers: a handler that answered well after a give-up keeps a plain reply.
+        """
+        if self._noted is not None:
+            return self._noted
+        passed = last_reply()
+        return PassedOn(passed) if passed is not None and passed.dnr else None
+
+    def reply(self, failed: bool = False) -> Reply:
+        """The reply for an answer the app gave itself; ``failed``: that answer is an error."""
+        return self.serving.reply(self.noted if failed else self._noted)
 
     def reply_header(self) -> str:
-        if self.noted is None:
+        if self._noted is None:
             left = self.serving.tab.account.left
             if 0 <= left < len(_PLAIN_REPLIES):
                 return _PLAIN_REPLIES[left]  # every response carries one: skip formatting the usual ones
-        return self.serving.reply_header(self.noted)
+        return self.serving.reply_header(self._noted)
 
 
 _PLAIN_REPLIES = tuple(wire.format_reply(Reply(left)) for left in range(65))
@@ -150,8 +185,8 @@ def note_failure(exc: BaseException) -> None:
     ``got_request_exception``, Django's signal of the same name). Outside a request: does nothing.
     """
     arrival = _arrival.get()
-    if arrival is not None and arrival.noted is None:
-        arrival.noted = exc
+    if arrival is not None and arrival._noted is None:
+        arrival._noted = exc
 
 
 class _Values:
@@ -183,8 +218,8 @@ class Server:
         ``operation`` callable is configured (called only when a ledger is wired).
         """
         o = self.options
-        with context.serve(_Values(values), layer=o.layer, originator=o.originator, budget=o.budget,
-                           deadline=o.deadline, limits=o.limits) as serving:
+        with replies(), context.serve(_Values(values), layer=o.layer, originator=o.originator, budget=o.budget,
+                                      deadline=o.deadline, limits=o.limits) as serving:
             arrival = Arrival(serving, bool(values) and serving.minted)
             token = _arrival.set(arrival)
             try:
@@ -206,9 +241,10 @@ class Server:
         collector, in whatever context it runs, if a server forgot to close the response.)
         """
         with self.arrive(values, request, route) as arrival:
-            frame = context.current_frame()
+            frame, record = context.current_frame(), _replies.get()
         _frame.set(frame)
         _arrival.set(arrival)
+        _replies.set(record)
         return arrival
 
     def _record(self, arrival: Arrival, request: Any, route: Callable[[Any], str]) -> bool:
