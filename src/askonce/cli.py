@@ -34,6 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--budget", type=int, default=2)
     demo.add_argument("--json", action="store_true", help="print JSON for machines")
     demo.set_defaults(func=_demo)
+
+    from askonce.sim.cli import add_parser as add_simulate  # cheap: the simulator loads when it runs
+
+    add_simulate(sub)
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code

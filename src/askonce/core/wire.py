@@ -312,7 +312,7 @@ def _parse_question_general(text: str, now: float, limits: Limits) -> Question |
     return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path)
 
 
-def _ms(seconds: float, *, up: bool) -> int:
+def to_ms(seconds: float, *, up: bool) -> int:
     """Seconds to whole milliseconds within the protocol's range. Time left is floored (a callee is never
     given more time than its caller has); pushback is rounded up (a caller never waits less than asked).
     The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...)."""
@@ -340,7 +340,7 @@ def format_question(
         parts.append("e")
     parts.append(f"b={max(0, min(budget, MAX_BUDGET))}")
     if remaining is not None:
-        parts.append(f"d={_ms(remaining, up=False)}")
+        parts.append(f"d={to_ms(remaining, up=False)}")
     if path:
         parts.append(f"p=({_path_text(path)})")
     return ", ".join(parts)
@@ -388,5 +388,5 @@ def format_reply(reply: Reply) -> str:
     if reply.reason is not None:
         parts.append(f"r={reply.reason}")
     if reply.pushback is not None:
-        parts.append(f"pb={_ms(reply.pushback, up=True)}")
+        parts.append(f"pb={to_ms(reply.pushback, up=True)}")
     return ", ".join(parts)

@@ -1,0 +1,156 @@
+"""``askonce simulate``: run the standard experiments on the simulator and print tables, JSON or plots.
+
+Registered by ``askonce.cli`` with :func:`add_parser`; everything heavy is imported only when the
+command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import sys
+from typing import Any
+
+SCENARIO_NAMES = ("depth", "transient", "clients", "overload", "jitter")
+QUICK = 0.1  # --quick: this share of each scenario's duration
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    values = _floats(text)
+    if any(v != int(v) or v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, got {text!r}")
+    return [int(v) for v in values]
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``simulate`` to an ``argparse`` sub-parser group and set its handler (``func``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="the standard experiments on a discrete-event simulator driving the real core",
+        description="Run the standard experiments (docs/results.md) on a virtual clock with seeded randomness. "
+        "Every hop makes its decisions with the library's own RetryState, Account escrow, token buckets, "
+        "breakers and ledger.",
+    )
+    p.add_argument("--scenario", choices=(*SCENARIO_NAMES, "all"), default="all",
+                   help="which experiment to run (default: all of them)")
+    p.add_argument("--policies", type=_names, default=None,
+                   help="comma-separated subset of no-retry,naive,bucket,breaker,askonce "
+                        "(jitter: no-jitter,full-jitter,askonce)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--plots", metavar="DIR", help="write one PNG per scenario into DIR (needs matplotlib)")
+    p.add_argument("--quick", action="store_true", help=f"run {QUICK * 100:.0f}%% of each duration (a smoke test)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    g = p.add_argument_group("the world")
+    g.add_argument("--duration", type=float, help="seconds of issued questions (depth, transient, clients)")
+    g.add_argument("--rate", type=float, help="questions per second, all clients together")
+    g.add_argument("--depths", type=_ints, help="depth, transient: retrying layers, e.g. 1,2,3,4,5 "
+                   "(clients, overload: the first one)")
+    g.add_argument("--error-rates", type=_floats, help="transient: e.g. 0.01,0.1,0.5")
+    g.add_argument("--clients", type=_ints, help="clients: counts, e.g. 10,100,1000; jitter: the first one")
+    g.add_argument("--triggers", type=_floats, help="overload: seconds of the capacity cut, e.g. 2,5,10")
+    k = p.add_argument_group("the policies")
+    k.add_argument("--attempts", type=int, help="attempts per layer (default 3; overload 4; jitter 100)")
+    k.add_argument("--budget", type=int, help="askonce: retries per question (default 2; jitter 99)")
+    k.add_argument("--bucket-ratio", type=float, help="askonce: retry tokens per request (library default 0.1)")
+    k.add_argument("--bucket-floor", type=float, help="bucket baseline: retries/s always allowed (default 1)")
+    k.add_argument("--breaker-rate", type=float, help="breakers: failure rate that opens them (default 0.5)")
+    k.add_argument("--per-client", action="store_true",
+                   help="askonce: a bucket and breaker per client instead of one for the fleet")
+    p.set_defaults(func=run)
+    return p
+
+
+def _knobs(base: Any, args: argparse.Namespace) -> Any:
+    from askonce.core.breaker import BreakerPolicy
+
+    changes: dict[str, Any] = {}
+    if args.attempts is not None:
+        changes["attempts"] = args.attempts
+    if args.budget is not None:
+        changes["budget"] = args.budget
+    if args.bucket_ratio is not None:
+        changes["bucket"] = dataclasses.replace(base.bucket, ratio=args.bucket_ratio)
+    if args.bucket_floor is not None:
+        changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket, floor=args.bucket_floor)
+    if args.breaker_rate is not None:
+        changes["breaker"] = BreakerPolicy(failure_rate=args.breaker_rate)
+    if args.per_client:
+        changes["shared"] = False
+    return dataclasses.replace(base, **changes)
+
+
+def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from askonce.sim import scenarios as s
+
+    fn = s.SCENARIOS[name]
+    defaults = {k: v.default for k, v in inspect.signature(fn).parameters.items()}
+    kw: dict[str, Any] = {"seed": args.seed, "knobs": _knobs(defaults["knobs"], args)}
+    if args.policies:
+        kw["policies"] = args.policies
+    if "duration" in defaults:
+        duration = args.duration if args.duration is not None else defaults["duration"]
+        kw["duration"] = duration * (QUICK if args.quick else 1)
+    if args.rate is not None and "rate" in defaults:
+        kw["rate"] = args.rate
+    if args.depths and "depths" in defaults:
+        kw["depths"] = args.depths
+    elif args.depths and "depth" in defaults:  # clients, overload: one stack depth
+        kw["depth"] = args.depths[0]
+    if args.error_rates and "error_rates" in defaults:
+        kw["error_rates"] = args.error_rates
+    if args.clients:
+        if "counts" in defaults:
+            kw["counts"] = args.clients
+        elif name == "jitter":
+            kw["clients"] = args.clients[0]
+    if args.triggers and "triggers" in defaults:
+        kw["triggers"] = args.triggers
+    return kw
+
+
+def run(args: argparse.Namespace) -> int:
+    from askonce import __version__
+    from askonce.sim import report
+    from askonce.sim import scenarios as s
+
+    names = SCENARIO_NAMES if args.scenario == "all" else (args.scenario,)
+
+    def progress(row: s.Row) -> None:
+        if not args.quiet:
+            mean = "-" if row.mean is None else f"{row.mean:.3f}"
+            print(f"  {row.scenario} {dict(row.params)} {row.policy}: A {mean}, success {row.success_rate:.2%}"
+                  f" ({row.wall_s:.1f} s)", file=sys.stderr)
+
+    rows: list[s.Row] = []
+    try:
+        for name in names:
+            rows += s.SCENARIOS[name](**_scenario_kwargs(name, args), progress=progress)
+    except ValueError as exc:  # a bad policy name or parameter: say which, not a traceback
+        print(f"askonce simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        meta = {"version": __version__, "seed": args.seed, "quick": args.quick, "argv": sys.argv[1:]}
+        print(json.dumps(report.document(rows, meta), indent=2))
+    else:
+        print(report.table(rows), end="")
+    if args.plots:
+        for path in report.plots(rows, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

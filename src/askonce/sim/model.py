@@ -1,0 +1,394 @@
+"""The simulated stack: clients, retrying layers and a target, each hop driving the library's own core.
+
+A question is minted by a client (``mint_key`` with the run's seeded random bytes) and served by layer 1,
+which calls layer 2, ... which calls the target. Every hop is a separate process in the model: it gets
+its own :class:`~askonce.core.question.Tab` (a copy of the budget that arrived, like
+``context.tab_from``), makes every decision with a :class:`~askonce.core.retry.RetryState`, holds what it
+forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply` or, after a
+per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does. Token buckets,
+breakers and the target's :class:`~askonce.core.ledger.Ledger` are the core classes too. The model only
+moves messages and keeps time.
+
+Policies without propagation model stacks that forward only an id header: each hop mints its own local
+tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id header still
+reaches the target, so the ledger can count their arrivals per question as well.
+
+Headers are not serialised on the hot path (a round trip costs about as much as the rest of a hop); the
+fast path applies the wire's own millisecond rounding and the receiver's ``Limits``, and
+``wire_text=True`` runs the real ``format_question``/``parse_question`` round trip on every hop instead
+(a test checks both give the same numbers).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+
+from askonce.core.breaker import Breaker
+from askonce.core.bucket import TokenBucket
+from askonce.core.ledger import Ledger, LedgerPolicy
+from askonce.core.question import Account, Hop, Tab, mint_key
+from askonce.core.retry import ANSWERED, LOST, Acquire, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
+from askonce.core.wire import MAX_BUDGET, Malformed, Reply, format_question, format_reply, parse_question, parse_reply
+from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: the fast path cannot drift from it
+from askonce.sim.engine import Engine
+from askonce.sim.world import Policy, Stats, World
+
+_ANSWERED = Failure(True, None, ANSWERED)  # a failure response that carried no askonce-reply
+_LOST = Failure(True, None, LOST)  # the per-attempt timeout fired: sent, no response
+_UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
+
+
+class Asked:
+    """The simulator's bookkeeping of one question: not the library's, which never sees it."""
+
+    __slots__ = ("arrivals", "born", "client", "due", "key", "live")
+
+    def __init__(self, key: str, client: int, born: float, due: float) -> None:
+        self.key = key
+        self.client = client
+        self.born = born
+        self.due = due
+        self.arrivals = 0
+        self.live = 1  # hops and messages still able to cause an arrival; 0: the count is final
+
+
+class Call:
+    """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
+
+    __slots__ = ("asked", "breaker", "bucket", "budget", "deadline", "layer", "ok", "out", "parent", "path",
+                 "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
+
+    # Set when the call is served (a layer) or started (the target), not at creation.
+    tab: Tab
+    state: RetryState
+    bucket: TokenBucket | None  # this layer instance's: the client's own, or one shared by all
+    breaker: Breaker | None
+    sent: float  # when this hop sent its outstanding attempt
+    deadline: float | None  # at the target: the propagated deadline on its clock
+    started: float  # at the target: when the work began
+
+    def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None) -> None:
+        self.asked = asked
+        self.layer = layer  # None: the target
+        self.parent = parent
+        self.out: Call | None = None  # the attempt this hop is waiting for
+        self.budget = 0
+        self.remaining: float | None = None
+        self.path: tuple[Hop, ...] = ()
+        self.reply: Reply | None = None
+        self.ok = False
+
+
+class Layer:
+    __slots__ = ("breakers", "buckets", "name", "nxt", "per_client", "retry")
+
+    def __init__(self, name: str, retry: RetryPolicy, nxt: Layer | None, per_client: bool,
+                 buckets: list[TokenBucket] | None, breakers: list[Breaker] | None) -> None:
+        self.name = name
+        self.retry = retry
+        self.nxt = nxt
+        self.per_client = per_client
+        self.buckets = buckets
+        self.breakers = breakers
+
+
+Failures = Callable[[float], bool]
+
+
+class Sim:
+    """One run of one policy in one world. ``run()`` returns the raw :class:`Stats`.
+
+    ``failures(now) -> bool`` replaces the world's own failure draw (a test replays a sequence);
+    ``wire_text`` serialises every header for real; ``trace`` keeps each question's arrivals.
+    """
+
+    def __init__(self, world: World, policy: Policy, seed: int = 1, *, failures: Failures | None = None,
+                 wire_text: bool = False, ledger: Ledger | None = None, trace: bool = False) -> None:
+        self.world, self.policy, self.wire_text = world, policy, wire_text
+        self.rng = random.Random(seed)
+        self.engine = Engine()
+        self.stats = Stats(world)
+        if trace:
+            self.stats.trace = []
+        self.ledger = ledger if ledger is not None else Ledger(LedgerPolicy(window=86_400.0, max_exact_keys=200_000))
+        self.fails: Failures = failures if failures is not None else self._fails
+        self.queue: deque[Call] = deque()
+        self.busy = 0
+        self.free_at = 0.0  # contention: when the write in progress ends
+        self.layers = self._build()
+        self._propagate, self._latency, self._timeout = policy.propagate, world.latency, world.timeout
+        # Bound once: scheduling an event then allocates only its tuple.
+        self._on_issue, self._on_arrive, self._on_reply = self.on_issue, self.on_arrive, self.on_reply
+        self._on_timeout, self._on_resume, self._on_done = self.on_timeout, self.on_resume, self.on_done
+
+    def _build(self) -> list[Layer]:
+        w, p = self.world, self.policy
+        retry = RetryPolicy(attempts=p.attempts, backoff=p.backoff, budget=p.budget,
+                            deadline=w.deadline if p.propagate else None)
+        layers: list[Layer] = []
+        nxt: Layer | None = None
+        for i in range(w.depth, 0, -1):
+            per_client = i == 1 and not p.shared
+            n = w.clients if per_client else 1
+            buckets = None if p.bucket is None else [TokenBucket(p.bucket, 0.0) for _ in range(n)]
+            has_breaker = p.breaker is not None and (p.breaker_everywhere or i == w.depth)
+            breakers = [Breaker(p.breaker) for _ in range(n)] if has_breaker and p.breaker else None
+            nxt = Layer(f"layer{i}", retry, nxt, per_client, buckets, breakers)
+            layers.append(nxt)
+        return layers[::-1]
+
+    # --- the run ------------------------------------------------------------------------------------
+
+    def run(self) -> Stats:
+        self.engine.at(0.0, self._on_issue, 0)
+        self.engine.run(self.world.horizon if self.world.horizon is not None else float("inf"))
+        self._close_unfinished()
+        return self.stats
+
+    def _close_unfinished(self) -> None:
+        """Questions a horizon cut off: count their arrivals so far and call them unfinished."""
+        seen: set[int] = set()
+        for item in [*self.engine.pending(), *self.queue]:
+            if isinstance(item, Call) and item.asked.live > 0 and id(item.asked) not in seen:
+                seen.add(id(item.asked))
+                self.stats.close(item.asked)
+                self.stats.unfinished += 1
+
+    def _fails(self, now: float) -> bool:
+        w = self.world
+        if w.outage is not None and w.outage[0] <= now < w.outage[1]:
+            return True
+        return w.error_rate > 0 and self.rng.random() < w.error_rate
+
+    def on_issue(self, n: int) -> None:
+        w, p, rng, now = self.world, self.policy, self.rng, self.engine.now
+        gap = 1 / w.rate if w.even else rng.expovariate(w.rate)
+        if now + gap < w.duration:
+            self.engine.at(now + gap, self._on_issue, n + 1)
+        client = n % w.clients if w.even else int(rng.random() * w.clients)
+        key = mint_key(int(now * 1000), rng.randbytes(16))
+        q = Asked(key, client, now, now + w.deadline)
+        self.stats.issued += 1
+        if p.propagate:
+            tab = Tab(key, "client", True, Account(p.budget), now + w.deadline)
+        else:
+            tab = Tab(key, "client", True, Account(_UNSPENDABLE), None)
+        self._serve(Call(q, self.layers[0], None), tab, (), now)
+
+    # --- a layer ------------------------------------------------------------------------------------
+
+    def _serve(self, c: Call, tab: Tab, path: tuple[Hop, ...], now: float) -> None:
+        layer = c.layer
+        assert layer is not None
+        c.tab, c.path = tab, path
+        inst = c.asked.client if layer.per_client else 0
+        c.bucket = bucket = None if layer.buckets is None else layer.buckets[inst]
+        c.breaker = None if layer.breakers is None else layer.breakers[inst]
+        c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
+        if bucket is not None:
+            bucket.deposit()
+        self._act(c, state.start(now), now)
+
+    def on_arrive(self, c: Call) -> None:
+        now = self.engine.now
+        if c.layer is None:
+            self._target_arrive(c, now)
+        elif self._propagate:
+            tab, path = self._receive(c, now)
+            self._serve(c, tab, path, now)
+        else:  # no question came: this hop's own local tab, which only its attempt limit can exhaust
+            self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (), now)
+
+    def _receive(self, c: Call, now: float) -> tuple[Tab, tuple[Hop, ...]]:
+        """The callee's view of the question that came with ``c``: its own tab with a copy of the budget."""
+        assert c.parent is not None  # only the originator's own call has no parent, and it is never received
+        sender = c.parent.tab
+        limits = self.world.limits
+        if self.wire_text:
+            text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining, c.path)
+            q = parse_question(text, now, limits)
+            if isinstance(q, Malformed):  # cannot happen for what format_question wrote; fail loudly
+                raise AssertionError(f"simulated header did not parse: {q.reason}: {text}")
+            return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline), q.path
+        rem = c.remaining
+        deadline = None
+        if rem is not None:  # whole milliseconds, as format_question writes them and parse_question reads
+            seconds = wire_ms(rem, up=False) / 1000
+            deadline = now + (seconds if seconds < limits.max_deadline else limits.max_deadline)
+        budget = c.budget if c.budget <= limits.max_budget else limits.max_budget  # held: never negative
+        return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path  # depth <= MAX_HOPS
+
+    def _act(self, c: Call, act: Attempt | Wait | Acquire | GiveUp, now: float) -> None:
+        while True:
+            if type(act) is Attempt:
+                self._send(c, act, now)
+                return
+            if type(act) is Wait:
+                if act.seconds > 0:
+                    self.engine.at(now + act.seconds, self._on_resume, c)
+                    return
+                act = c.state.resume(now)
+            elif type(act) is Acquire:
+                act = c.state.acquired(c.bucket is not None and c.bucket.withdraw(now), now)
+            else:
+                assert type(act) is GiveUp
+                self._finish(c, False, act.reply, now)
+                return
+
+    def on_resume(self, c: Call) -> None:
+        now = self.engine.now
+        self._act(c, c.state.resume(now), now)
+
+    def _send(self, c: Call, act: Attempt, now: float) -> None:
+        breaker, layer = c.breaker, c.layer
+        assert layer is not None
+        if breaker is not None and not breaker.allow(now):
+            self._finish(c, False, c.state.breaker_open(now, breaker.retry_at()).reply, now)
+            return
+        child = Call(c.asked, layer.nxt, c)
+        timeout = self._timeout
+        if self._propagate:
+            child.budget = c.state.forward()
+            deadline = c.tab.deadline
+            rem = None if deadline is None else deadline - now
+            if timeout is not None and (rem is None or timeout < rem):  # the tighter of deadline and patience
+                rem = timeout
+            child.remaining = rem
+            child.path = (*c.path, act.hop)
+        c.out = child
+        c.sent = now
+        c.asked.live += 1
+        self.engine.at(now + self._latency, self._on_arrive, child)
+        if timeout is not None:
+            self.engine.at(now + timeout, self._on_timeout, child)
+
+    def on_reply(self, child: Call) -> None:
+        c = child.parent
+        assert c is not None
+        if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
+            return
+        c.out = None
+        now = self.engine.now
+        if c.breaker is not None:
+            c.breaker.record(now, success=child.ok, duration=now - c.sent)
+        reply = self._carry(child.reply) if self._propagate else None
+        if child.ok:
+            self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
+        else:
+            failure = _ANSWERED if reply is None else Failure(True, reply, ANSWERED)
+            self._act(c, c.state.on_failure(failure, now, self.rng.random()), now)
+
+    def _carry(self, reply: Reply | None) -> Reply | None:
+        """A reply as the caller reads it off the wire."""
+        if reply is None:
+            return None
+        if self.wire_text:
+            parsed = parse_reply(format_reply(reply))
+            if isinstance(parsed, Malformed):
+                raise AssertionError(f"simulated reply did not parse: {parsed.reason}")
+            return parsed
+        if reply.pushback is None and 0 <= reply.budget <= MAX_BUDGET:
+            return reply
+        pushback = None if reply.pushback is None else wire_ms(reply.pushback, up=True) / 1000
+        return Reply(max(0, min(reply.budget, MAX_BUDGET)), reply.dnr, reply.reason, pushback)
+
+    def on_timeout(self, child: Call) -> None:
+        c = child.parent
+        assert c is not None
+        if c.out is not child:
+            return
+        c.out = None
+        now = self.engine.now
+        if c.breaker is not None:
+            c.breaker.record(now, success=False, duration=now - c.sent)
+        self._act(c, c.state.on_failure(_LOST, now, self.rng.random()), now)
+
+    def _finish(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
+        c.ok, c.reply = ok, reply
+        q = c.asked
+        if c.parent is None:
+            self.stats.answer(q, ok, now)
+        else:
+            self.engine.at(now + self._latency, self._on_reply, c)
+        q.live -= 1
+        if q.live == 0:
+            self.stats.close(q)
+
+    # --- the target ---------------------------------------------------------------------------------
+
+    def _target_arrive(self, job: Call, now: float) -> None:
+        q = job.asked
+        q.arrivals += 1
+        q.live -= 1  # a job can answer, but it cannot cause another arrival
+        self.stats.arrival(now)
+        if self.policy.propagate:
+            tab, path = self._receive(job, now)
+            self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin, path=path)
+            job.budget, job.deadline = tab.left, tab.deadline
+        else:  # an id header only: the key is known, the path and the deadline are not
+            self.ledger.record(now, "target", key=q.key, edge=True)
+            job.deadline = None
+        if self.policy.shed and job.deadline is not None and now >= job.deadline:
+            self._target_answer(job, False, True, now)
+        elif self.world.contention:
+            if now < self.free_at:  # optimistic concurrency: a conflict is known at once
+                self._target_answer(job, False, False, now)
+                return
+            self.free_at = now + self.world.service
+            job.started = now
+            job.ok = not self.fails(now)
+            self.engine.at(self.free_at, self._on_done, job)
+        elif self.world.servers is None:
+            job.started = now
+            job.ok = not self.fails(now)
+            self.engine.at(now + self.world.service, self._on_done, job)
+        elif self.busy < self.world.servers:
+            self._start(job, now)
+        else:
+            self.queue.append(job)
+
+    def _start(self, job: Call, now: float) -> None:
+        w, deadline = self.world, job.deadline
+        if self.policy.shed and deadline is not None and now >= deadline:
+            self._target_answer(job, False, True, now)  # refused before any work: its caller has gone
+            return
+        self.busy += 1
+        service = w.service
+        if w.cut is not None and w.cut[0] <= now < w.cut[1]:
+            service /= w.cut[2]
+        end = now + service
+        job.started = now
+        if self.policy.shed and deadline is not None and deadline < end:
+            end, job.ok, job.reply = deadline, False, Reply(job.budget, True, "deadline")  # cancelled then
+        else:
+            job.ok, job.reply = not self.fails(now), None
+        self.engine.at(end, self._on_done, job)
+
+    def on_done(self, job: Call) -> None:
+        now = self.engine.now
+        work = now - job.started
+        self.stats.busy += work
+        parent = job.parent
+        if parent is not None and parent.out is not job:
+            self.stats.wasted += work
+        if job.reply is not None:  # cancelled at its deadline
+            self.stats.shed += 1
+            self.engine.at(now + self.world.latency, self._on_reply, job)
+        else:
+            self._target_answer(job, job.ok, False, now)
+        if self.world.servers is not None:
+            self.busy -= 1
+            queue = self.queue
+            while queue and self.busy < self.world.servers:
+                self._start(queue.popleft(), now)
+
+    def _target_answer(self, job: Call, ok: bool, shed: bool, now: float) -> None:
+        job.ok = ok
+        if shed:
+            self.stats.shed += 1
+            job.reply = Reply(job.budget, True, "deadline")
+        else:
+            job.reply = Reply(job.budget) if self.policy.propagate else None
+        self.engine.at(now + self.world.latency, self._on_reply, job)
