@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k = p.add_argument_group("the policies")
     k.add_argument("--attempts", type=int, help="attempts per layer (default 3; overload 4; jitter 100)")
     k.add_argument("--budget", type=int, help="askonce: retries per question (default 2; jitter 99)")
-    k.add_argument("--bucket-ratio", type=float, help="askonce: retry tokens per request (library default 0.1)")
+    k.add_argument("--bucket-ratio", type=float, help="askonce: retry tokens per request (library default 0.2)")
     k.add_argument("--bucket-floor", type=float, help="bucket baseline: retries/s always allowed (default 1)")
     k.add_argument("--breaker-rate", type=float, help="breakers: failure rate that opens them (default 0.5)")
     k.add_argument("--per-client", action="store_true",
