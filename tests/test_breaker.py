@@ -636,3 +636,148 @@ def test_breaker_agrees_with_brute_force_model(policy: BreakerPolicy, script: li
         else:
             assert breaker.retry_at() is None
     assert [t.reason for t in breaker.drain_transitions()] == model.reasons[-64:]
+
+
+# --- bulk successes and the quiet horizon (what lets a shell count successes without its lock) ---------
+
+
+def test_quiet_until_count_window_once_minimum_calls_are_in() -> None:
+    breaker = Breaker(BreakerPolicy(**BASE))
+    assert breaker.quiet_until == -math.inf  # no time seen, no calls
+    run(breaker, [("ok", 0), ("fail", 0), ("ok", 0)])
+    assert breaker.quiet_until == -math.inf  # 3 < minimum_calls: the 4th call is judged
+    run(breaker, [("ok", 0)])
+    assert breaker.quiet_until == math.inf  # 1/4 failed: more successes only lower the rate
+    run(breaker, [("fail", 0), ("fail", 0)])  # 3/6 = 0.5 opens
+    assert breaker.state is OPEN and breaker.quiet_until == -math.inf
+    run(breaker, [("allow", 6, True), ("ok", 6)])
+    assert breaker.state is HALF and breaker.quiet_until == -math.inf  # successes here are probes
+
+
+def test_quiet_until_time_window_ends_with_the_second() -> None:
+    # Outcomes age out second by second, so a success in a later second can find a higher failure rate:
+    # three successes at 0 and two failures at 5 are 2/5; at 10.5 the successes have gone, and one more
+    # success makes 2/3 >= 0.5 and opens.
+    breaker = Breaker(BreakerPolicy(**dict(BASE, window="time", minimum_calls=2)))
+    run(breaker, [("ok", 0.0)] * 3 + [("fail", 5.2)] * 2)
+    assert breaker.state is CLOSED and breaker.quiet_until == 6.0
+    assert breaker.state_at(10.5) is CLOSED and breaker.quiet_until == -math.inf
+    breaker.record(10.5, success=True)
+    assert breaker.state is OPEN
+
+
+def test_quiet_until_counts_slow_calls_when_judged() -> None:
+    breaker = Breaker(BreakerPolicy(**dict(SLOW, failure_rate=1.0, slow_call_rate=0.75)))
+    run(breaker, [("ok", 0, 2.0), ("ok", 0, 2.0), ("ok", 0), ("ok", 0)])
+    assert breaker.quiet_until == math.inf  # 2/4 slow < 0.75
+    run(breaker, [("fail", 0, 5.0)])  # 3/5 slow, still closed
+    assert breaker.quiet_until == math.inf
+
+
+def test_record_successes_in_bulk_fill_and_clear_a_count_window() -> None:
+    breaker = Breaker(BreakerPolicy(window_size=1000, minimum_calls=1000, failure_rate=0.5, slow_call_duration=1.0))
+    run(breaker, [("fail", 0), ("ok", 0, 3.0), ("fail", 0, 3.0)])
+    breaker.record_successes(1.0, 996)
+    snap = breaker.snapshot()
+    assert (snap["calls"], snap["failures"], snap["slow"]) == (999, 2, 2)
+    breaker.record_successes(1.0, 2)  # the first failure leaves the window
+    snap = breaker.snapshot()
+    assert (snap["calls"], snap["failures"], snap["slow"]) == (1000, 1, 2)
+    breaker.record_successes(2.0, 10**12)  # no loop over n
+    snap = breaker.snapshot()
+    assert (snap["calls"], snap["failures"], snap["slow"], snap["now"]) == (1000, 0, 0, 2.0)
+    run(breaker, [("fail", 2)] * 500)  # the ring holds only successes now: 500/1000 opens on the 500th
+    assert breaker.state is OPEN
+
+
+def test_record_successes_opens_at_the_call_that_reaches_minimum_calls() -> None:
+    breaker = Breaker(BreakerPolicy(**BASE))
+    run(breaker, [("fail", 0)] * 3)
+    breaker.record_successes(1.0, 50)  # 3/4 at the fourth call: open; the other 49 arrive while open
+    assert breaker.state is OPEN
+    assert breaker.drain_transitions() == [Transition(CLOSED, OPEN, 1.0, "failure-rate")]
+    assert breaker.snapshot()["calls"] == 0
+
+
+def test_record_successes_close_a_half_open_breaker_and_feed_the_fresh_window() -> None:
+    breaker = Breaker(BreakerPolicy(**BASE))
+    run(breaker, [*OPEN_AT_1, ("allow", 6, True), ("allow", 6, True)])
+    breaker.record_successes(7.0, 5)  # two probes succeed, three more calls land in the closed window
+    assert breaker.state is CLOSED
+    assert breaker.snapshot()["calls"] == 3
+    assert [t.reason for t in breaker.drain_transitions()] == ["failure-rate", "open-elapsed", "probes-succeeded"]
+
+
+def test_record_successes_in_half_open_without_probes_are_stragglers() -> None:
+    breaker = Breaker(BreakerPolicy(**BASE))
+    run(breaker, [*OPEN_AT_1, ("allow", 6, True)])
+    breaker.record_successes(6.5, 3)  # one probe in flight succeeds; two stragglers are ignored
+    snap = breaker.snapshot()
+    assert (snap["state"], snap["probes_admitted"], snap["probes_succeeded"]) == ("half-open", 1, 1)
+    breaker.record_successes(7.0, 0)  # nothing but the clock
+    assert breaker.snapshot()["now"] == 7.0
+
+
+@pytest.mark.parametrize("n", [-1, True, 2.0, "3", None])
+def test_record_successes_rejects_a_bad_count(n: Any) -> None:
+    with pytest.raises(ValueError, match="int n >= 0"):
+        Breaker().record_successes(0.0, n)
+
+
+def test_record_successes_rejects_non_finite_time() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        Breaker().record_successes(math.nan, 1)
+
+
+bulk_steps = st.lists(
+    st.tuples(
+        st.one_of(st.sampled_from([0.0, 0.0, 0.25, 0.5, 1.0, 2.5, 7.0]), st.floats(-3.0, 12.0)),
+        st.sampled_from(["allow", "allow", "oks", "oks", "ok", "fail", "fail", "release", "state", "force"]),
+        # the duration of a single call, or how many successes an "oks" step records
+        st.sampled_from([0.0, 0.5, 1.0, 3.0, 2, 5, 17]),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(policy=policies(), script=bulk_steps)
+def test_record_successes_is_n_records_and_quiet_until_holds(
+    policy: BreakerPolicy, script: list[tuple[float, str, float]]
+) -> None:
+    bulk, one_by_one = Breaker(policy), Breaker(policy)
+    now = 1000.0
+    for dt, op, arg in script:
+        now += dt
+        if op == "allow":
+            assert bulk.allow(now) is one_by_one.allow(now)
+        elif op in ("ok", "fail"):
+            for b in (bulk, one_by_one):
+                b.record(now, success=op == "ok", duration=arg)
+        elif op == "oks":
+            n = int(arg)
+            quiet_until, before = bulk.quiet_until, bulk.state
+            bulk.record_successes(now, n)
+            one_by_one.state_at(now)
+            for _ in range(n):
+                one_by_one.record(now, success=True)
+            if now < quiet_until:
+                # The promise a lock-free shell relies on: closed before, closed after, no transition.
+                assert before is CLOSED and bulk.state is CLOSED
+                assert bulk.quiet_until >= quiet_until
+        elif op == "release":
+            bulk.release(now)
+            one_by_one.release(now)
+        elif op == "state":
+            assert bulk.state_at(now) is one_by_one.state_at(now)
+        elif arg >= 1.0:
+            bulk.force_open(now)
+            one_by_one.force_open(now)
+        else:
+            bulk.force_closed(now)
+            one_by_one.force_closed(now)
+        assert bulk.snapshot() == one_by_one.snapshot()
+        assert bulk.quiet_until == one_by_one.quiet_until
+        if bulk.state is not CLOSED:
+            assert bulk.quiet_until == -math.inf
+    assert bulk.drain_transitions() == one_by_one.drain_transitions()

@@ -41,6 +41,14 @@ Time is an input (monotonic seconds), never read here. A ``now`` earlier than on
 as the latest time seen, so racy callers or a mixed-up clock cannot reorder history or reopen the past;
 a non-finite ``now`` is a bug in the caller and raises ``ValueError``.
 The object holds no lock; the shells serialise access to it.
+
+Fast successes can be recorded in bulk: ``record_successes(now, n)`` is ``state_at(now)`` followed by
+``n`` times ``record(now, success=True)``, at O(1) for a time window and O(min(n, window_size)) byte
+operations (memset and count, no Python loop) for a count window. ``quiet_until`` says when a shell may
+defer successes: before that time (for a count window, for ever) the breaker is closed with enough calls
+and rates under the thresholds, so one more fast success can only lower the rates and cannot change the
+state. A shell that counts such successes without its lock and folds them in with ``record_successes``
+before its next locked operation behaves like one that recorded each (``stores.memory`` does).
 """
 
 from __future__ import annotations
@@ -116,6 +124,13 @@ class State(enum.Enum):
     HALF_OPEN = "half-open"
 
 
+# Module-level names: looking a member up on an Enum class costs ~0.1 us in CPython 3.11, which the
+# hot paths would pay several times per call.
+_CLOSED: Final = State.CLOSED
+_OPEN: Final = State.OPEN
+_HALF_OPEN: Final = State.HALF_OPEN
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     old: State
@@ -136,6 +151,10 @@ class _Window:
         self.slow = 0
 
     def add(self, now: float, flags: int) -> None:
+        raise NotImplementedError
+
+    def add_successes(self, now: float, n: int) -> None:
+        """Add ``n`` >= 1 fast successes at ``now``."""
         raise NotImplementedError
 
     def roll(self, now: float) -> None:
@@ -168,6 +187,34 @@ class _CountWindow(_Window):
         self.calls += 1
         self.failures += flags & _FAIL
         self.slow += flags >> 1
+
+    def add_successes(self, now: float, n: int) -> None:
+        ring = self._ring
+        size, start, filled = len(ring), self._next, self._filled
+        n = min(n, size)  # more successes than the window holds leave nothing but successes
+        # While the ring is not full, _next == _filled: the first size - filled slots written are empty,
+        # so the calls that leave are the last `evicted` slots of the written range.
+        evicted = filled + n - size
+        if evicted > 0 and (self.failures or self.slow):
+            self._forget(start + n - evicted, evicted)
+        end = start + n
+        if end <= size:
+            ring[start:end] = bytes(n)
+        else:
+            ring[start:] = bytes(size - start)
+            ring[: end - size] = bytes(end - size)
+        self._next = end % size
+        self._filled = self.calls = min(size, filled + n)
+
+    def _forget(self, start: int, n: int) -> None:
+        """Subtract the failed and slow calls among the ``n`` slots from ``start`` (wrapping)."""
+        ring, size = self._ring, len(self._ring)
+        start %= size
+        for lo, hi in ((start, min(start + n, size)), (0, start + n - size)):
+            if hi > lo and ring.count(0, lo, hi) < hi - lo:
+                both = ring.count(_FAIL | _SLOW, lo, hi)
+                self.failures -= ring.count(_FAIL, lo, hi) + both
+                self.slow -= ring.count(_SLOW, lo, hi) + both
 
     def reset(self) -> None:
         # O(1): stale bytes are only read as evictions once the ring is full again, and by then every
@@ -214,12 +261,7 @@ class _TimeWindow(_Window):
         return sec
 
     def add(self, now: float, flags: int) -> None:
-        sec = self._roll_to(math.floor(now))
-        i = sec % self._size
-        if self._b_sec[i] != sec or self._b_gen[i] != self._gen:
-            self._b_calls[i] = self._b_failures[i] = self._b_slow[i] = 0
-            self._b_sec[i] = sec
-            self._b_gen[i] = self._gen
+        i = self._bucket(now)
         failed, slow = flags & _FAIL, flags >> 1
         self._b_calls[i] += 1
         self._b_failures[i] += failed
@@ -227,6 +269,20 @@ class _TimeWindow(_Window):
         self.calls += 1
         self.failures += failed
         self.slow += slow
+
+    def add_successes(self, now: float, n: int) -> None:
+        self._b_calls[self._bucket(now)] += n
+        self.calls += n
+
+    def _bucket(self, now: float) -> int:
+        """The index of ``now``'s bucket, rolled to and cleared if it held an older second."""
+        sec = self._roll_to(math.floor(now))
+        i = sec % self._size
+        if self._b_sec[i] != sec or self._b_gen[i] != self._gen:
+            self._b_calls[i] = self._b_failures[i] = self._b_slow[i] = 0
+            self._b_sec[i] = sec
+            self._b_gen[i] = self._gen
+        return i
 
     def reset(self) -> None:
         # O(1): bumping the generation orphans every bucket, which add() and roll() then ignore.
@@ -255,7 +311,7 @@ class Breaker:
         self._window: _Window = (
             _CountWindow(policy.window_size) if policy.window == "count" else _TimeWindow(policy.window_size)
         )
-        self._state = State.CLOSED
+        self._state = _CLOSED
         self._now: float | None = None
         self._opened_at: float | None = None
         # Admitted probes that have not been released; those beyond _probes_succeeded are in flight.
@@ -268,21 +324,46 @@ class Breaker:
     def state(self) -> State:
         return self._state
 
+    @property
+    def now(self) -> float | None:
+        """The latest time seen (``None`` before the first call)."""
+        return self._now
+
+    @property
+    def quiet_until(self) -> float:
+        """Before this time a fast success cannot change the state; ``-inf`` if it might now.
+
+        Closed, at least ``minimum_calls`` in the window and both rates under their thresholds: one more
+        success only lowers the rates. A count window stays so for ever (``inf``, until another kind of
+        call); a time window until the current second ends, when outcomes may age out and raise a rate.
+        """
+        window, policy = self._window, self._policy
+        calls = window.calls
+        if (
+            self._state is not _CLOSED
+            or self._now is None
+            or calls < policy.minimum_calls
+            or window.failures / calls >= policy.failure_rate
+            or (policy.slow_call_duration is not None and window.slow / calls >= policy.slow_call_rate)
+        ):
+            return -math.inf
+        return math.inf if policy.window == "count" else math.floor(self._now) + 1
+
     def state_at(self, now: float) -> State:
         self._tick(now)
         return self._state
 
     def allow(self, now: float) -> bool:
         self._tick(now)
-        if self._state is State.CLOSED:
+        if self._state is _CLOSED:
             return True
-        if self._state is State.HALF_OPEN and self._probes_admitted < self._policy.half_open_probes:
+        if self._state is _HALF_OPEN and self._probes_admitted < self._policy.half_open_probes:
             self._probes_admitted += 1
             return True
         return False
 
     def retry_at(self) -> float | None:
-        if self._state is State.OPEN and self._opened_at is not None:
+        if self._state is _OPEN and self._opened_at is not None:
             return self._opened_at + self._policy.open_for
         return None
 
@@ -290,28 +371,56 @@ class Breaker:
         now = self._tick(now)
         policy = self._policy
         slow = policy.slow_call_duration is not None and duration >= policy.slow_call_duration
-        if self._state is State.CLOSED:
+        if self._state is _CLOSED:
             self._window.add(now, (0 if success else _FAIL) | (_SLOW if slow else 0))
             self._judge(now)
-        elif self._state is State.HALF_OPEN:
+        elif self._state is _HALF_OPEN:
             if self._probes_admitted <= self._probes_succeeded:
                 # No probe in flight: a straggler admitted before the breaker opened. Its verdict is
                 # about the past, and letting it close or reopen the breaker would skip the probing.
                 return
             if not success:
-                self._move(State.OPEN, now, "probe-failed")
+                self._move(_OPEN, now, "probe-failed")
             elif slow:
                 # A slow probe is not health: closing on it would just reopen on slow-call-rate later.
-                self._move(State.OPEN, now, "probe-slow")
+                self._move(_OPEN, now, "probe-slow")
             else:
                 self._probes_succeeded += 1
                 if self._probes_succeeded >= policy.half_open_probes:
-                    self._move(State.CLOSED, now, "probes-succeeded")
+                    self._move(_CLOSED, now, "probes-succeeded")
         # In OPEN the outcome is from a call admitted before opening; the window was reset on opening.
+
+    def record_successes(self, now: float, n: int) -> None:
+        """``state_at(now)``, then ``n`` times ``record(now, success=True)``, without a loop over ``n``."""
+        if not _is_int(n) or n < 0:
+            raise ValueError(f"breaker record_successes needs an int n >= 0, got {n!r}")
+        now = self._tick(now)
+        policy = self._policy
+        while n:
+            if self._state is _CLOSED:
+                window = self._window
+                # Only the success that brings the window to minimum_calls (or the first, once it is
+                # there) can open the breaker: each later one at the same time only lowers the rates.
+                first = min(n, max(policy.minimum_calls - window.calls, 1))
+                window.add_successes(now, first)
+                self._judge(now)
+                n -= first
+                if n and self._state is _CLOSED:
+                    window.add_successes(now, n)
+                return  # if it opened, the rest arrive in OPEN, where outcomes are ignored
+            in_flight = self._probes_admitted - self._probes_succeeded
+            if self._state is _OPEN or in_flight <= 0:
+                return  # stragglers, as in record()
+            taken = min(n, in_flight)
+            self._probes_succeeded += taken
+            n -= taken
+            if self._probes_succeeded < policy.half_open_probes:
+                return  # the rest, if any, found no probe in flight
+            self._move(_CLOSED, now, "probes-succeeded")  # and the rest feed the fresh window
 
     def release(self, now: float) -> None:
         self._tick(now)
-        if self._state is State.HALF_OPEN and self._probes_admitted > self._probes_succeeded:
+        if self._state is _HALF_OPEN and self._probes_admitted > self._probes_succeeded:
             self._probes_admitted -= 1
 
     def drain_transitions(self) -> list[Transition]:
@@ -339,19 +448,19 @@ class Breaker:
 
     def force_open(self, now: float) -> None:
         now = self._tick(now)
-        if self._state is State.OPEN:
+        if self._state is _OPEN:
             # Not a state change, so no transition; forcing again restarts the open period.
             self._opened_at = now
         else:
-            self._move(State.OPEN, now, "forced")
+            self._move(_OPEN, now, "forced")
 
     def force_closed(self, now: float) -> None:
         now = self._tick(now)
-        if self._state is State.CLOSED:
+        if self._state is _CLOSED:
             # Not a state change, so no transition; forcing closed still forgives the window.
             self._window.reset()
         else:
-            self._move(State.CLOSED, now, "forced")
+            self._move(_CLOSED, now, "forced")
 
     def _tick(self, now: float) -> float:
         if not math.isfinite(now):
@@ -361,11 +470,11 @@ class Breaker:
             # and the open period monotonic instead of crashing or reopening the past.
             now = self._now
         self._now = now
-        if self._state is State.OPEN and self._opened_at is not None:
+        if self._state is _OPEN and self._opened_at is not None:
             deadline = self._opened_at + self._policy.open_for
             if now >= deadline:
-                self._move(State.HALF_OPEN, deadline, "open-elapsed")
-        elif self._state is State.CLOSED:
+                self._move(_HALF_OPEN, deadline, "open-elapsed")
+        elif self._state is _CLOSED:
             self._window.roll(now)
         return now
 
@@ -374,9 +483,9 @@ class Breaker:
         if window.calls < policy.minimum_calls:
             return
         if window.failures / window.calls >= policy.failure_rate:
-            self._move(State.OPEN, now, "failure-rate")
+            self._move(_OPEN, now, "failure-rate")
         elif policy.slow_call_duration is not None and window.slow / window.calls >= policy.slow_call_rate:
-            self._move(State.OPEN, now, "slow-call-rate")
+            self._move(_OPEN, now, "slow-call-rate")
 
     def _move(self, new: State, at: float, reason: str) -> None:
         if len(self._transitions) == _MAX_TRANSITIONS:
@@ -384,9 +493,9 @@ class Breaker:
         self._transitions.append(Transition(self._state, new, at, reason))
         self._state = new
         self._probes_admitted = self._probes_succeeded = 0
-        if new is State.OPEN:
+        if new is _OPEN:
             self._opened_at = at
             # Only CLOSED feeds the window, so this one reset also leaves it empty when it closes again.
             self._window.reset()
-        elif new is State.CLOSED:
+        elif new is _CLOSED:
             self._opened_at = None

@@ -9,10 +9,19 @@ so a caller that keys by unbounded names cannot grow memory without end.
 A breaker handle reports its state changes to listeners (``add_listener``); they run after the lock is
 released, so a listener may call back into the breaker, and a listener that raises is counted
 (``breaker.listener.error``), never passed on to the call that happened to cause the change.
+
+A breaker's hot path, a fast success while the breaker is quiet (``Breaker.quiet_until``: closed and
+settled, so that one more success cannot change its state), takes no lock either, and loses nothing: it
+ticks an ``itertools.count``, whose ``next()`` is one C call and so atomic under the GIL (``+=`` on an
+attribute is not, in principle). Every locked operation first folds the successes counted since the
+previous one into the core breaker (``record_successes``), so the core sees every call, in order with
+the failures. An open breaker refuses calls without the lock too, until its ``retry_at``.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +39,7 @@ Listener = Callable[[str, Transition], object]
 H = TypeVar("H")
 K = TypeVar("K")
 _CLOSED = State.CLOSED
+_NEVER = -math.inf
 
 
 class BucketHandle:
@@ -67,15 +77,24 @@ def notify(listeners: tuple[Listener, ...], target: str, transitions: list[Trans
 class BreakerHandle:
     """One target's circuit breaker, serialised by a lock of its own.
 
-    Satisfies ``stores.base.BreakerHandle``. The hot path (closed breaker, success) is one attribute
-    read and one locked core ``record``. Transitions are drained when the state differs from the last
-    one seen: an ``allow``/``record``/``state`` call that changed anything ends in another state than it
-    started in (an open-elapsed tick ends half-open, and nothing it can do next reverts that).
-    ``force_open`` can go open -> half-open -> open in one call, so the rarely used ``_run`` operations
-    always drain.
+    Satisfies ``stores.base.BreakerHandle``. The common calls take no lock: ``allow`` on a closed breaker
+    (admitted) or on an open one before its ``open_for`` has passed (refused), ``record`` of a fast
+    success on a quiet breaker (deferred), and ``retry_at``. Every locked operation folds the deferred
+    successes in first (``_fold``) and ends in ``_settle``, which publishes what the lock-free paths read
+    (``_seen``, ``_quiet_until``, ``_refuse_until``) before the lock is released. A lock-free path that
+    reads them just before another thread changes the breaker acts as if it had run just before; a
+    success deferred so is folded in later, like a locked record that lost the race for the lock (the
+    core ignores it in OPEN and takes it for a straggler or a probe in HALF_OPEN, as it would).
+
+    Transitions are drained when the state differs from the last one seen: an operation that changed
+    anything ends in another state than it started in (an open-elapsed tick ends half-open, and nothing
+    it can do next reverts that; a fold only adds successes, which can close a half-open breaker or open
+    a closed one, never both). ``force_open`` can go open -> half-open -> open in one call, so the rarely
+    used ``_run`` operations always drain.
     """
 
-    __slots__ = ("_breaker", "_listeners", "_lock", "_seen", "policy", "target")
+    __slots__ = ("_breaker", "_listeners", "_lock", "_mark", "_quiet_until", "_refuse_until", "_seen", "_slow",
+                 "_tally", "policy", "target")
 
     def __init__(self, target: str, policy: BreakerPolicy) -> None:
         self.target = target
@@ -84,6 +103,13 @@ class BreakerHandle:
         self._lock = threading.Lock()
         self._seen = State.CLOSED
         self._listeners: tuple[Listener, ...] = ()
+        self._quiet_until = _NEVER  # a fast success before this time cannot change the state
+        self._refuse_until = _NEVER  # open: a call before this time is refused
+        self._slow = math.inf if policy.slow_call_duration is None else policy.slow_call_duration
+        # Lock-free successes take numbers from the counter; each fold takes one too, so the successes
+        # since the last fold are the numbers strictly between the two (no read-and-reset race).
+        self._tally = itertools.count().__next__
+        self._mark = -1
 
     def add_listener(self, listener: Listener) -> None:
         with self._lock:
@@ -94,34 +120,54 @@ class BreakerHandle:
         with self._lock:
             self._listeners = tuple(x for x in self._listeners if x != listener)
 
-    def _changed(self) -> list[Transition]:
-        # Called under the lock when the state moved; the core keeps the transitions until drained.
-        self._seen = self._breaker.state
-        return self._breaker.drain_transitions()
+    def _fold(self) -> None:
+        """Under the lock: hand the core the successes counted without it, at the latest time it saw."""
+        mark = self._tally()
+        n = mark - self._mark - 1
+        self._mark = mark
+        # A deferred success needs a quiet breaker, and a quiet breaker has seen a time: `at` is set.
+        if n and (at := self._breaker.now) is not None:
+            self._breaker.record_successes(at, n)
+
+    def _settle(self, drain: bool = False) -> list[Transition] | None:
+        """Under the lock, after an operation: publish the state; the transitions to report, if any."""
+        breaker = self._breaker
+        state = breaker.state
+        if state is _CLOSED:
+            self._quiet_until, self._refuse_until = breaker.quiet_until, _NEVER
+        else:
+            retry_at = breaker.retry_at()
+            self._quiet_until, self._refuse_until = _NEVER, _NEVER if retry_at is None else retry_at
+        if not drain and state is self._seen:
+            return None
+        self._seen = state
+        return breaker.drain_transitions()
 
     def allow(self, now: float) -> bool:
         if self._seen is _CLOSED:
-            # Lock-free: a closed breaker admits every call, and it leaves CLOSED only inside record()
-            # or force_open(), which update _seen before releasing the lock. Reading a closed state just
-            # before another thread opens it is the same as having been called just before.
-            return True
-        breaker = self._breaker
+            return True  # a closed breaker admits every call
+        if now < self._refuse_until:
+            return False  # open, and the core would refuse too: it moves on only at retry_at
         with self._lock:
-            ok = breaker.allow(now)
-            if breaker.state is self._seen:
-                return ok
-            moved = self._changed()
-        notify(self._listeners, self.target, moved)
+            self._fold()
+            ok = self._breaker.allow(now)
+            moved = self._settle()
+        if moved:
+            notify(self._listeners, self.target, moved)
         return ok
 
     def record(self, now: float, *, success: bool, duration: float = 0.0) -> None:
-        breaker = self._breaker
+        if success and now < self._quiet_until and duration < self._slow:
+            # The next locked operation folds it in. A NaN time or duration fails a comparison and goes
+            # to the core, which refuses a NaN time.
+            self._tally()
+            return
         with self._lock:
-            breaker.record(now, success=success, duration=duration)
-            if breaker.state is self._seen:
-                return
-            moved = self._changed()
-        notify(self._listeners, self.target, moved)
+            self._fold()
+            self._breaker.record(now, success=success, duration=duration)
+            moved = self._settle()
+        if moved:
+            notify(self._listeners, self.target, moved)
 
     def release(self, now: float) -> None:
         self._run(Breaker.release, now)
@@ -133,29 +179,36 @@ class BreakerHandle:
         self._run(Breaker.force_closed, now)
 
     def _run(self, op: Callable[[Breaker, float], object], now: float) -> None:
-        breaker = self._breaker
         with self._lock:
-            op(breaker, now)
-            moved = self._changed()
-        notify(self._listeners, self.target, moved)
+            self._fold()
+            op(self._breaker, now)
+            moved = self._settle(drain=True)
+        if moved:
+            notify(self._listeners, self.target, moved)
 
     def retry_at(self) -> float | None:
-        with self._lock:
-            return self._breaker.retry_at()
+        """As the core said after the last locked operation (the core's answer changes only under it)."""
+        refuse_until = self._refuse_until
+        return None if refuse_until == _NEVER else refuse_until
 
     def state(self, now: float) -> State:
-        breaker = self._breaker
         with self._lock:
-            state = breaker.state_at(now)
-            if state is self._seen:
-                return state
-            moved = self._changed()
-        notify(self._listeners, self.target, moved)
+            self._fold()
+            state = self._breaker.state_at(now)
+            moved = self._settle()
+        if moved:
+            notify(self._listeners, self.target, moved)
         return state
 
     def snapshot(self) -> dict[str, object]:
+        """The core's counters, every deferred success included."""
         with self._lock:
-            return self._breaker.snapshot()
+            self._fold()
+            snap = self._breaker.snapshot()
+            moved = self._settle()
+        if moved:
+            notify(self._listeners, self.target, moved)
+        return snap
 
 
 class MemoryStore:
