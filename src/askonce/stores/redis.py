@@ -22,7 +22,7 @@ pass in keeps its own timeouts and retries: give it ``socket_timeout``/``socket_
 ``retry=Retry(NoBackoff(), 0)``, or the fallback waits for them.
 
 Deposits are counted locally and sent with the next withdrawal or every ``deposit_batch`` deposits: one
-round trip per retry decision instead of one per request (``docs/benchmarks-breaker.md``). Batching only
+round trip per retry decision instead of one per request (``docs/benchmarks.md ("Breakers and Redis")``). Batching only
 delays earned tokens, it never invents them.
 
 A breaker's half-open probes are leased: a process that dies holding a probe would otherwise keep the
