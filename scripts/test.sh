@@ -11,6 +11,11 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server is missing: install it (apt-get install redis-server) for the Redis tests" >&2
   fi
 fi
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # The ledger dashboard is tested in headless Chromium (tests/test_report_app.py).
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+    || echo "chromium not installed: the dashboard's browser test will skip" >&2
+fi
 python -m pip install -q --disable-pip-version-check -e '.[test]'
 python -m ruff check src tests bench
 python -m mypy

@@ -1,4 +1,4 @@
-"""The ``askonce`` command: ``askonce demo`` (more subcommands arrive with the simulator and the ledger)."""
+"""The ``askonce`` command: ``demo`` | ``simulate`` | ``report`` | ``audit``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from askonce.sim.cli import add_parser as add_simulate  # cheap: the simulator loads when it runs
 
     add_simulate(sub)
+
+    from askonce.ledger_cli import add_audit_parser, add_report_parser
+
+    add_report_parser(sub)
+    add_audit_parser(sub)
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code

@@ -1,0 +1,459 @@
+"""The shared ledger's life in Redis: key layout, the two Lua scripts, batched writes, and reading it back.
+
+Keys of one window share the hash tag ``{<prefix>:ledger:<window seconds>:<window index>}`` (one Redis
+Cluster slot per window, so each script touches one slot; the load moves to another slot every window):
+
+* ``<tag>:ops`` - the set of operation names in the window, at most ``max_operations`` (then ``~other``);
+* ``<tag>:<op>:c`` - counters: ``a`` arrivals, ``t`` attributable, ``m`` re-minted, ``u`` unkeyed,
+  ``x`` malformed, ``f`` refused, ``e`` cap unenforced, ``v`` set once keys spilled past the exact bound;
+* ``<tag>:<op>:k`` - arrivals per (kind, principal, key), at most ``max_exact_keys`` fields; the cap's
+  atomic counter is this hash's field;
+* ``<tag>:<op>:p`` - arrivals per (kind, principal, key, path digest), for undeclared retries, at most
+  ``max_exact_keys * max_paths_per_key`` fields;
+* ``<tag>:<op>:h`` - a HyperLogLog of the attributable keys beyond the exact bound (PFADD/PFCOUNT);
+* ``<tag>:<op>:r`` / ``:o`` - retries per layer, re-mints per origin (``max_names``, then ``~other``);
+* ``<tag>:done:<id>`` - a flushed chunk's id, so that a chunk sent again after a timeout counts once.
+
+``<op>`` is a 64-bit digest of the operation name. ``{<prefix>:ledger}:meta`` holds the policy the
+replicas run (``askonce report`` reads it), ``{<prefix>:ledger}:dropped`` the shared count of arrivals
+lost by any replica, per reason. Every key expires ``windows_kept + 2`` windows after its last write.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from askonce.core.ledger import LedgerPolicy, OperationReport, Report, _Op, _Seen, _summarize
+from askonce.core.sketch import Frequent, HyperLogLog, digest64
+
+if TYPE_CHECKING:
+    import redis
+
+# Buffer entry flags: the arrival's per-key count is already in Redis (the cap script made it); it was
+# refused.
+COUNTED = 1
+REFUSED = 2
+CHUNK = 1000  # keys per script call: a long script would stall every other client (the cap's 50 ms)
+_PATH_CACHE = 4096
+_COUNTERS = ("a", "t", "m", "u", "x", "f")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_KEY_TAIL = struct.Struct(">IBH")
+
+# KEYS: ops set, then c k p h r o of the operation, then of '~other', then the chunk's done-marker.
+# ARGV: op, max_operations, max_exact_keys, max_pairs, max_names, ttl_ms, cap set (0|1), six counters
+# (a t m u x f), then nr (layer n)*, no (origin n)*, the number of keys and the packed keys.
+LUA_FLUSH = """
+local ttl = tonumber(ARGV[6])
+if not redis.call('SET', KEYS[14], '1', 'NX', 'PX', ttl) then return -1 end
+local b = 1
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then redis.call('SADD', KEYS[1], ARGV[1])
+  else b = 7; redis.call('SADD', KEYS[1], '~other') end
+end
+local c, k, p, h, r, o = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
+local names = {'a', 't', 'm', 'u', 'x', 'f'}
+for i = 1, 6 do
+  local n = tonumber(ARGV[7 + i])
+  if n > 0 then redis.call('HINCRBY', c, names[i], n) end
+end
+local limit = tonumber(ARGV[5])
+local i = 14
+for _, hash in ipairs({r, o}) do
+  local count = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, count do
+    local name = ARGV[i]
+    if redis.call('HEXISTS', hash, name) == 0 and redis.call('HLEN', hash) >= limit then name = '~other' end
+    redis.call('HINCRBY', hash, name, tonumber(ARGV[i + 1])); i = i + 2
+  end
+end
+-- Keys and their paths come packed in one string (one argument instead of six per arrival, which cost
+-- the client more than everything else): per key '>H' length, the field, '>I4' arrivals not yet
+-- counted, '>B' edge, '>H' paths, then per path its 17-byte suffix and '>I4' arrivals. The exact bounds
+-- are checked against lengths read once and kept up to date (HINCRBY returning exactly n: a new field).
+local maxk, maxp, cap, unenforced, spilled = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[7] == '1', 0, false
+local klen, plen = redis.call('HLEN', k), redis.call('HLEN', p)
+local blob, pos = ARGV[i + 1], 1
+for _ = 1, tonumber(ARGV[i]) do
+  local f, n, edge, np
+  f, n, edge, np, pos = struct.unpack('>Hc0I4BH', blob, pos)
+  local exact = true
+  if n == 0 then
+    -- every arrival was counted by the cap script, which counts only exact keys
+  elseif klen < maxk then
+    if redis.call('HINCRBY', k, f, n) == n then klen = klen + 1 end
+  elseif redis.call('HEXISTS', k, f) == 1 then
+    redis.call('HINCRBY', k, f, n)
+  else
+    exact, spilled = false, true
+    if edge == 1 then redis.call('PFADD', h, f) end
+    if cap then unenforced = unenforced + n end
+  end
+  for _ = 1, np do
+    local suffix, m
+    suffix, m, pos = struct.unpack('>c17I4', blob, pos)
+    if exact then
+      local pf = f .. suffix
+      if plen < maxp then
+        if redis.call('HINCRBY', p, pf, m) == m then plen = plen + 1 end
+      elseif redis.call('HEXISTS', p, pf) == 1 then
+        redis.call('HINCRBY', p, pf, m)
+      end
+    end
+  end
+end
+if spilled then redis.call('HSET', c, 'v', 1) end
+if unenforced > 0 then redis.call('HINCRBY', c, 'e', unenforced) end
+for _, key in ipairs({KEYS[1], c, k, p, h, r, o}) do redis.call('PEXPIRE', key, ttl) end
+return b
+"""
+
+# KEYS: ops set, the operation's per-key hash, '~other''s. ARGV: op, max_operations, max_exact_keys,
+# ttl_ms, field. Returns the key's arrivals in the window counting this one; 0 beyond the exact bound.
+LUA_CAP = """
+local k = KEYS[2]
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then redis.call('SADD', KEYS[1], ARGV[1])
+  else k = KEYS[3]; redis.call('SADD', KEYS[1], '~other') end
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+if redis.call('HEXISTS', k, ARGV[5]) == 1 or redis.call('HLEN', k) < tonumber(ARGV[3]) then
+  local n = redis.call('HINCRBY', k, ARGV[5], 1)
+  redis.call('PEXPIRE', k, ARGV[4])
+  return n
+end
+return 0
+"""
+
+# KEYS: the dropped hash, the done-marker. ARGV: ttl_ms, then (reason n)*.
+LUA_DROPPED = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return -1 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], tonumber(ARGV[i + 1])) end
+redis.call('PEXPIRE', KEYS[1], 30 * 86400000)
+return 1
+"""
+
+_POLICY_INTS = ("windows_kept", "max_exact_keys", "heavy_keys", "max_operations", "max_paths_per_key", "max_names")
+
+
+def check_prefix(prefix: str) -> None:
+    if not isinstance(prefix, str) or not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
+        raise ValueError(f"prefix must be a non-empty printable name without braces, got {prefix!r}")
+
+
+def clients(url: str, op_timeout: float, read_timeout: float) -> tuple[redis.Redis, redis.Redis]:
+    """A client for the request path (``op_timeout``) and one for flushes and reports; no client retries:
+    they would stretch a 50 ms bound into seconds."""
+    import redis
+
+    from askonce.stores.redis import no_retry
+
+    def make(timeout: float) -> redis.Redis:
+        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=min(timeout, 1.0),
+                                    retry=no_retry())
+
+    return make(op_timeout), make(read_timeout)
+
+
+def field(kind: bytes, principal: str, key: str) -> bytes:
+    """A per-key hash field: kind (``a`` attributable, ``r`` re-minted), then the principal length-prefixed."""
+    p = principal.encode("utf-8", "surrogatepass")
+    return b"%s%d:%s%s" % (kind, len(p), p, key.encode("utf-8", "surrogatepass"))
+
+
+def unfield(f: bytes) -> tuple[bytes, str, str]:
+    colon = f.index(b":", 1)
+    start = colon + 1
+    end = start + int(f[1:colon])
+    return f[:1], f[start:end].decode("utf-8", "surrogatepass"), f[end:].decode("utf-8", "surrogatepass")
+
+
+class Space:
+    """Key names and script arguments for one prefix and policy."""
+
+    def __init__(self, prefix: str, policy: LedgerPolicy) -> None:
+        self.prefix = prefix
+        self.policy = policy
+        self.ttl_ms = int(1000 * policy.window * (policy.windows_kept + 2)) + 60_000
+        self.meta = f"{{{prefix}:ledger}}:meta"
+        self.dropped = f"{{{prefix}:ledger}}:dropped"
+        self._stem = f"{prefix}:ledger:{float(policy.window)!r}"
+        self._ids: dict[str, str] = {}
+
+    def tag(self, window: int) -> str:
+        return f"{{{self._stem}:{window}}}"
+
+    def op_id(self, operation: str) -> str:
+        found = self._ids.get(operation)
+        if found is None:
+            found = f"{digest64(operation, person=b'askonce-op'):016x}"
+            if len(self._ids) < 4096:
+                self._ids[operation] = found
+        return found
+
+    def op_keys(self, window: int, operation: str) -> list[str]:
+        tag = self.tag(window)
+        out = [f"{tag}:ops"]
+        for name in (operation, "~other"):
+            stem = f"{tag}:{self.op_id(name)}"
+            out += [f"{stem}:{s}" for s in ("c", "k", "p", "h", "r", "o")]
+        return out
+
+    def cap_call(self, window: int, operation: str, edge: bool, principal: str,
+                 key: str) -> tuple[list[str], list[Any]]:
+        keys = self.op_keys(window, operation)
+        p = self.policy
+        return [keys[0], keys[2], keys[8]], [operation, p.max_operations, p.max_exact_keys, self.ttl_ms,
+                                            field(b"a" if edge else b"r", principal, key)]
+
+    def meta_fields(self) -> dict[Any, Any]:
+        p = self.policy
+        out: dict[Any, Any] = {name: str(getattr(p, name)) for name in _POLICY_INTS}
+        out["window"] = repr(float(p.window))
+        out["cap"] = "" if p.cap is None else str(p.cap)
+        return out
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def policy_from(meta: dict[Any, Any]) -> LedgerPolicy:
+    text = {_text(k): _text(v) for k, v in meta.items()}
+    cap = text.get("cap", "")
+    return LedgerPolicy(window=float(text["window"]), cap=int(cap) if cap else None,
+                        **{name: int(text[name]) for name in _POLICY_INTS if name in text})
+
+
+class _Group:
+    __slots__ = ("counters", "keys", "origins", "retries")
+
+    def __init__(self) -> None:
+        self.counters = [0, 0, 0, 0, 0, 0]  # as _COUNTERS
+        self.retries: dict[str, int] = {}
+        self.origins: dict[str, int] = {}
+        self.keys: dict[bytes, list[Any]] = {}  # field -> [uncounted arrivals, edge, {path suffix: n}]
+
+
+Call = tuple[str, list[str], list[Any], int]  # script, keys, args, arrivals it carries
+
+
+class Writer:
+    """Turns buffered arrivals into script calls (aggregated per window and operation) and sends them."""
+
+    def __init__(self, space: Space, client: redis.Redis) -> None:
+        self.space = space
+        self.client = client
+        self.scripts = {"flush": client.register_script(LUA_FLUSH), "dropped": client.register_script(LUA_DROPPED)}
+        self._paths: dict[Any, tuple[bytes, tuple[str, ...]]] = {}
+
+    def path_info(self, path: Any) -> tuple[bytes, tuple[str, ...]]:
+        """The path's digest and the layers it says retried: the core's rule (the last hop of a layer has
+        attempt > 1), restated here because the core keeps it private."""
+        info = self._paths.get(path)
+        if info is None:
+            last: dict[str, int] = {}
+            parts: list[str] = []
+            for layer, attempt in path:
+                last[layer] = attempt
+                parts += (layer, str(attempt))
+            retried = tuple(layer for layer, a in last.items() if isinstance(a, int) and a > 1)
+            info = (b"|%016x" % digest64(*parts, person=b"askonce-path"), retried)
+            if len(self._paths) >= _PATH_CACHE:
+                self._paths.clear()
+            self._paths[path] = info
+        return info
+
+    def prepare(self, batch: Iterable[tuple[Any, ...]]) -> tuple[list[Call], int, int]:
+        """Script calls for ``batch``; also how many arrivals were too old to matter, and
+        how many could not be encoded (a key that is not a string: the signature forbids it, a caller
+        ignoring types could still send one, and it must not take the batch down with it)."""
+        window = self.space.policy.window
+        groups: dict[tuple[int, str], _Group] = {}
+        arrivals = list(batch)
+        horizon = math.floor(max((a[0] for a in arrivals), default=0.0) / window) - self.space.policy.windows_kept
+        expired = invalid = 0
+        paths = self._paths
+        heads: dict[tuple[bool, str], bytes] = {}  # (edge, principal) -> the field's head
+        for now, operation, key, edge, origin, path, principal, malformed, flag in arrivals:
+            keyed = key is not None and not malformed
+            try:  # everything that can fail comes first, before anything is counted
+                index = math.floor(now / window)
+                info = paths.get(path)
+                if info is None:
+                    info = self.path_info(path)
+                f = b""
+                if keyed:
+                    head = heads.get((edge, principal))
+                    if head is None:
+                        head = heads[(edge, principal)] = field(b"a" if edge else b"r", principal, "")
+                    f = head + key.encode("utf-8", "surrogatepass")
+                    if len(f) > 65_535:
+                        raise ValueError("key too long to pack")
+                g = groups.get((index, operation))
+            except Exception:
+                invalid += 1
+                continue
+            if index < horizon:  # its window has left every report: sending it would only cost
+                expired += 1
+                continue
+            if g is None:
+                g = groups[(index, operation)] = _Group()
+            counters = g.counters
+            counters[0] += 1
+            for layer in info[1]:
+                g.retries[layer] = g.retries.get(layer, 0) + 1
+            if not keyed:
+                counters[4 if malformed else 3] += 1
+                continue
+            if edge:
+                counters[1] += 1
+            else:
+                counters[2] += 1
+                name = "~unknown" if origin is None else origin
+                g.origins[name] = g.origins.get(name, 0) + 1
+            if flag & REFUSED:
+                counters[5] += 1
+            entry = g.keys.get(f)
+            if entry is None:
+                entry = g.keys[f] = [0, edge, {}]
+            if not flag & COUNTED:
+                entry[0] += 1
+            pairs = entry[2]
+            suffix = info[0]
+            if suffix in pairs:
+                pairs[suffix] += 1
+            elif len(pairs) < 65_535:  # the packed count's limit; beyond it the arrival's path is untracked
+                pairs[suffix] = 1
+        calls = [c for (index, operation), g in groups.items() for c in self._calls(index, operation, g)]
+        return calls, expired, invalid
+
+    def dropped_call(self, dropped: dict[str, int]) -> Call:
+        args: list[Any] = [self.space.ttl_ms]
+        for reason, n in dropped.items():
+            args += [reason, n]
+        return "dropped", [self.space.dropped, f"{{{self.space.prefix}:ledger}}:done:{uuid.uuid4().hex}"], args, 0
+
+    def _calls(self, index: int, operation: str, g: _Group) -> list[Call]:
+        p = self.space.policy
+        keys = self.space.op_keys(index, operation)
+        head: list[Any] = [operation, p.max_operations, p.max_exact_keys, p.max_exact_keys * p.max_paths_per_key,
+                           p.max_names, self.space.ttl_ms, 0 if p.cap is None else 1]
+        items = list(g.keys.items())
+        out: list[Call] = []
+        for start in range(0, max(1, len(items)), CHUNK):
+            chunk = items[start:start + CHUNK]
+            first = start == 0
+            args = head + (g.counters if first else [0] * 6)
+            for names in (g.retries, g.origins):
+                args.append(len(names) if first else 0)
+                if first:
+                    for name, n in names.items():
+                        args += [name, n]
+            blob = bytearray()
+            for f, (n, edge, pairs) in chunk:
+                blob += _U16.pack(len(f))
+                blob += f
+                blob += _KEY_TAIL.pack(n, 1 if edge else 0, len(pairs))
+                for suffix, m in pairs.items():
+                    blob += suffix
+                    blob += _U32.pack(m)
+            args += [len(chunk), bytes(blob)]
+            done = f"{self.space.tag(index)}:done:{uuid.uuid4().hex}"
+            out.append(("flush", [*keys, done], args, g.counters[0] if first else 0))
+        return out
+
+    def send(self, calls: list[Call]) -> None:
+        """Run ``calls`` in one pipelined round trip; a chunk that already ran (sent again after a
+        timeout) is skipped by its done-marker, so nothing is counted twice."""
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args, _ in calls:
+            self.scripts[script](keys=keys, args=args, client=pipe)
+        pipe.hset(self.space.meta, mapping=self.space.meta_fields())
+        pipe.pexpire(self.space.meta, 30 * 86_400_000)
+        pipe.execute()
+
+
+class _Known(HyperLogLog):
+    """Redis' PFCOUNT in the shape the core's summary reads (it only calls ``estimate``)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        super().__init__(4)
+        self.n = n
+
+    def estimate(self) -> float:
+        return float(self.n)
+
+
+def _ints(raw: dict[Any, Any]) -> dict[str, int]:
+    return {_text(k): int(v) for k, v in raw.items()}
+
+
+def _operation(name: str, start: float, current: bool, raw: list[Any], policy: LedgerPolicy) -> OperationReport:
+    c, k, p, h, r, o = raw
+    counts = _ints(c)
+    op = _Op()
+    op.arrivals, op.attributable, op.reminted, op.unkeyed, op.malformed, op.refused = (
+        counts.get(n, 0) for n in _COUNTERS)
+    op.cap_unenforced = counts.get("e", 0)
+    op.overflowed = "v" in counts
+    op.retries_by = _ints(r)
+    op.reminted_by = _ints(o)
+    covered: dict[bytes, list[int]] = {}
+    for pf, n in p.items():
+        seen = covered.setdefault(pf[:-17], [0, 0])
+        seen[0] += 1
+        seen[1] += int(n)
+    for f, n_raw in k.items():
+        kind, principal, key = unfield(f)
+        n = int(n_raw)
+        paths, tracked = covered.get(f, (0, 0))
+        table = op.attr if kind == b"a" else op.remint
+        # Arrivals whose (key, path) pair Redis could not hold are the core's "untracked" paths.
+        table.setdefault(principal, {})[key] = _Seen(n, tuple(range(paths)), max(0, n - tracked))
+    op.exact = len(k)
+    if h:
+        op.hll, op.heavy = _Known(int(h)), Frequent(1)
+    return _summarize(op, name, start, start + policy.window, current, policy.heavy_keys)
+
+
+def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | None) -> Report:
+    check_prefix(prefix)
+    if not math.isfinite(now):
+        raise ValueError(f"report time must be finite, got {now!r}")
+    space = Space(prefix, policy or LedgerPolicy())
+    if policy is None:
+        meta = client.hgetall(space.meta)
+        if not meta:
+            raise LookupError(f"no askonce ledger in Redis under prefix {prefix!r} (nothing flushed yet?)")
+        policy = policy_from(meta)
+        space = Space(prefix, policy)
+    current = math.floor(now / policy.window)
+    indexes = range(current - policy.windows_kept, current + 1)
+    pipe = client.pipeline(transaction=False)
+    for index in indexes:
+        pipe.smembers(f"{space.tag(index)}:ops")
+    pipe.hgetall(space.dropped)
+    *members, dropped = pipe.execute()
+    wanted = [(index, name.decode("utf-8", "surrogatepass")) for index, names in zip(indexes, members, strict=True)
+              for name in names]
+    wanted.sort()
+    pipe = client.pipeline(transaction=False)
+    for index, name in wanted:
+        c, k, p, h, r, o = space.op_keys(index, name)[1:7]
+        pipe.hgetall(c)
+        pipe.hgetall(k)
+        pipe.hgetall(p)
+        pipe.pfcount(h)
+        pipe.hgetall(r)
+        pipe.hgetall(o)
+    raw = pipe.execute() if wanted else []
+    ops = tuple(_operation(name, index * policy.window, index == current, raw[6 * i:6 * i + 6], policy)
+                for i, (index, name) in enumerate(wanted))
+    return Report(generated_at=now, window=policy.window, operations=ops, dropped=_ints(dropped))
