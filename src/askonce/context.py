@@ -66,7 +66,13 @@ def current_frame() -> Frame | None:
 
 def tab_from(q: Question, now: float | None = None) -> Tab:
     """A fresh process-local account for a question that arrived from elsewhere."""
-    return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline)
+    return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline, sig=q.sig)
+
+
+def _sign(key: str, secret: bytes | str) -> bytes:
+    from askonce.signing import mac  # hmac and hashlib load only when keys are signed
+
+    return mac(key, secret)
 
 
 class question:
@@ -74,7 +80,9 @@ class question:
 
     ``budget`` is the number of retries the whole question may cost, across every layer below;
     ``deadline`` is seconds from now. ``origin`` names the minting layer; ``edge=True`` declares it an
-    originator, whose keys the target counts as attributable.
+    originator, whose keys the target counts as attributable. ``secret``: the originators' shared secret;
+    the key is then signed (``askonce.signing``) so that targets checking signatures can tell real edge
+    keys from forged ones.
     """
 
     __slots__ = ("_tab", "_token", "question")
@@ -87,6 +95,7 @@ class question:
         origin: str = "edge",
         edge: bool = True,
         key: str | None = None,
+        secret: bytes | str | None = None,
     ) -> None:
         if not 0 <= budget <= wire.MAX_BUDGET:
             raise ValueError(f"budget must be within 0..{wire.MAX_BUDGET}, got {budget!r}")
@@ -95,7 +104,9 @@ class question:
         if not wire.valid_name(origin):
             raise ValueError(f"origin must be a name like 'edge' or 'web-1', got {origin!r}")
         now = monotonic()
-        tab = Tab(key or new_key(), origin, edge, Account(budget), None if deadline is None else now + deadline)
+        key = key or new_key()
+        tab = Tab(key, origin, edge, Account(budget), None if deadline is None else now + deadline,
+                  sig=_sign(key, secret) if edge and secret is not None else None)
         self._tab = tab
         self.question = tab.snapshot(())
         self._token: Token[Frame | None] | None = None
@@ -213,7 +224,7 @@ def question_header(frame: Frame, now: float, timeout: float | None = None, budg
     if timeout is not None:
         remaining = timeout if remaining is None else min(remaining, timeout)
     sent = tab.account.left if budget is None else budget
-    return wire.format_question(tab.key, tab.origin, tab.edge, sent, remaining, path)
+    return wire.format_question(tab.key, tab.origin, tab.edge, sent, remaining, path, tab.sig)
 
 
 def inject(headers: MutableMapping[str, str], *, timeout: float | None = None, now: float | None = None) -> bool:
@@ -338,11 +349,13 @@ def serve(
     budget: int = 2,
     deadline: float | None = 30.0,
     limits: Limits = Limits(),
+    secret: bytes | str | None = None,
 ) -> Iterator[Serving]:
     """Bind the question that arrived in ``headers`` for the block, or mint one if none (or a bad one) came.
 
-    A layer configured as an ``originator`` mints attributable edge keys; any other layer mints a local
-    key (``edge=False``, origin ``layer``) that the target's ledger reads as re-minted by this layer.
+    A layer configured as an ``originator`` mints attributable edge keys (signed with ``secret`` if one is
+    given); any other layer mints a local key (``edge=False``, origin ``layer``) that the target's ledger
+    reads as re-minted by this layer.
     """
     now = monotonic()
     q = extract(headers, limits=limits, now=now)
@@ -351,6 +364,8 @@ def serve(
     else:
         tab = Tab(None, layer, originator, Account(min(budget, limits.max_budget)),
                   None if deadline is None else now + min(deadline, limits.max_deadline), minter=new_key)
+        if originator and secret is not None:
+            tab.sig = _sign(tab.key, secret)
         path, minted = (), True
     token = _frame.set((tab, path))
     try:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from askonce.core import wire
 from askonce.core.wire import Malformed
 
-__all__ = ["MEMBER", "sign", "sign_header", "verify", "verify_edge", "verify_key"]
+__all__ = ["MEMBER", "mac", "sign", "sign_header", "verify", "verify_edge", "verify_key"]
 
 MEMBER = "s"
 _CONTEXT = b"askonce-edge-key-v1\x00"
@@ -57,6 +57,11 @@ def _secrets(secret: Secret | Sequence[Secret]) -> list[bytes]:
 
 def _mac(key: str, secret: bytes) -> bytes:
     return hmac.new(secret, _CONTEXT + key.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()[:_MAC_BYTES]
+
+
+def mac(key: str, secret: Secret) -> bytes:
+    """The signature of ``key``: the bytes a question carries as ``s`` (``Question.sig``)."""
+    return _mac(key, _secret(secret))
 
 
 def sign(key: str, secret: Secret) -> str:

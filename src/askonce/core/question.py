@@ -89,6 +89,7 @@ class Question:
     budget: int
     deadline: float | None = None
     path: tuple[Hop, ...] = ()
+    sig: bytes | None = None  # an originator's HMAC of the key (askonce.signing), forwarded unchanged
 
     def remaining(self, now: float) -> float | None:
         """Seconds left until the deadline at ``now`` (never negative), or ``None`` without a deadline."""
@@ -145,7 +146,7 @@ class Tab:
     budget with inner layers pays for minting only if a key is ever needed (a header, a log line).
     """
 
-    __slots__ = ("_key", "_minter", "account", "deadline", "edge", "origin")
+    __slots__ = ("_key", "_minter", "account", "deadline", "edge", "origin", "sig")
 
     def __init__(
         self,
@@ -155,8 +156,10 @@ class Tab:
         account: Account,
         deadline: float | None,
         minter: Callable[[], str] | None = None,
+        sig: bytes | None = None,
     ) -> None:
         self._key = key  # None: minted on first use by ``minter``
+        self.sig = sig
         self._minter = minter
         self.origin = origin
         self.edge = edge
@@ -177,11 +180,14 @@ class Tab:
         return self.account.left
 
     def child(self, label: str) -> Tab:
-        """A fan-out child: a key derived from this one and ``label``, drawing on the same account."""
+        """A fan-out child: a key derived from this one and ``label``, drawing on the same account.
+
+        The child carries no signature: only a holder of the originators' secret could sign its key.
+        """
         return Tab(derive_key(self.key, label), self.origin, self.edge, self.account, self.deadline)
 
     def snapshot(self, path: tuple[Hop, ...]) -> Question:
-        return Question(self.key, self.origin, self.edge, self.account.left, self.deadline, path)
+        return Question(self.key, self.origin, self.edge, self.account.left, self.deadline, path, self.sig)
 
 
 Frame = tuple[Tab, tuple[Hop, ...]]

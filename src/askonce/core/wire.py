@@ -225,6 +225,7 @@ _HOP_TEXT = r"[A-Za-z][A-Za-z0-9_.-]{0,31}:[0-9]{1,4}"
 _CANONICAL = re.compile(
     r'v=1, k="([0-9A-Za-z_-]{16,64})", o=([A-Za-z][A-Za-z0-9_.-]{0,31})(, e)?, b=([0-9]{1,4})'
     rf"(?:, d=([0-9]{{1,8}}))?(?:, p=\(({_HOP_TEXT}(?: {_HOP_TEXT}){{0,{MAX_HOPS - 1}}})\))?"
+    r"(?:, s=:([A-Za-z0-9+/]{4,88}={0,2}):)?"
 )
 
 
@@ -237,7 +238,7 @@ def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
     m = _CANONICAL.fullmatch(text)
     if m is None:
         return None
-    key, origin, edge, b, d, p = m.groups()
+    key, origin, edge, b, d, p, sig_text = m.groups()
     budget = int(b)
     if budget > MAX_BUDGET:
         return None
@@ -257,7 +258,17 @@ def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
                 return None
             hops.append(Hop(layer, attempt))
         path = tuple(hops)
-    return Question(key, origin, edge is not None, min(budget, limits.max_budget), deadline, path)
+    sig = None
+    if sig_text is not None:
+        if len(sig_text) % 4:
+            return None
+        try:
+            sig = base64.b64decode(sig_text, validate=True)
+        except binascii.Error:
+            return None
+        if len(sig) > MAX_SIG_BYTES:
+            return None
+    return Question(key, origin, edge is not None, min(budget, limits.max_budget), deadline, path, sig)
 
 
 def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> Question | Malformed:
@@ -309,7 +320,10 @@ def _parse_question_general(text: str, now: float, limits: Limits) -> Question |
         if None in hops:
             return Malformed("path")
         path = tuple(h for h in hops if h is not None)
-    return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path)
+    sig = d.get("s")
+    if sig is not None and (type(sig) is not bytes or not 1 <= len(sig) <= MAX_SIG_BYTES):
+        return Malformed("sig")
+    return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path, sig)
 
 
 def to_ms(seconds: float, *, up: bool) -> int:
@@ -333,6 +347,7 @@ def format_question(
     budget: int,
     remaining: float | None,
     path: tuple[Hop, ...] = (),
+    sig: bytes | None = None,
 ) -> str:
     """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no deadline)."""
     parts = [f'v={VERSION}, k="{key}", o={origin}']
@@ -343,6 +358,8 @@ def format_question(
         parts.append(f"d={to_ms(remaining, up=False)}")
     if path:
         parts.append(f"p=({_path_text(path)})")
+    if sig:
+        parts.append(f"s=:{base64.b64encode(sig[:MAX_SIG_BYTES]).decode('ascii')}:")
     return ", ".join(parts)
 
 
