@@ -14,9 +14,8 @@ SECRET = b"0123456789abcdef0123"
 def _hop(headers: dict[str, str], layer: str) -> dict[str, str]:
     """One server that extracts the question and calls the next hop with it."""
     out: dict[str, str] = {}
-    with askonce.serve(headers, layer=layer):
-        with askonce.outgoing(out) as call:
-            call.answered(reply=askonce.Reply(0))
+    with askonce.serve(headers, layer=layer), askonce.outgoing(out) as call:
+        call.answered(reply=askonce.Reply(0))
     return out
 
 
