@@ -3,6 +3,8 @@
 Clients: ``askonce.integrations.httpx`` (``AskonceTransport``, ``AsyncAskonceTransport``) and
 ``askonce.integrations.requests`` (``AskonceAdapter``, ``session``), both over :mod:`askonce.client`.
 Servers: ``askonce.integrations.asgi`` and ``askonce.integrations.wsgi``, over ``integrations._server``;
-OpenTelemetry: ``askonce.integrations.otel``.
+gRPC: ``askonce.integrations.grpc`` (``AskonceClientInterceptor``, ``AsyncAskonceClientInterceptor``,
+``AskonceServerInterceptor``, ``AsyncAskonceServerInterceptor``, ``channel_options``).
+OpenTelemetry: ``askonce.integrations.otel``; Prometheus: ``askonce.integrations.prometheus``.
 Each needs its extra: ``pip install 'askonce[httpx]'``, ``[requests]``, ``[asgi]``, ...
 """
