@@ -1,0 +1,108 @@
+"""``askonce demo``: registered by ``askonce.cli`` with :func:`add_parser`; nothing heavy is imported here.
+
+``askonce demo`` runs the real multi-process stack on 127.0.0.1 (:mod:`askonce.demo.main`);
+``askonce demo --in-process`` runs the arithmetic of the same three layers in one process, no sockets
+(:mod:`askonce.demo.inprocess`), and needs nothing but askonce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = ("outage", "transient", "slow", "overload")
+
+
+def _scenarios(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(SCENARIOS)}, got {text!r}")
+    return names
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``demo`` to an ``argparse`` sub-parser group and set its handler (``func``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "demo",
+        help="a real localhost stack, naive and with askonce, counted at the target",
+        description="Start a gateway (FastAPI), an API (Flask), a service (FastAPI) and a target (Starlette) on "
+        "127.0.0.1, run each scenario with naive per-layer retries and with askonce, and compare what the "
+        "target saw. Writes an HTML report with plots.",
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="smaller, shorter scenarios: under 20 s (the full run takes about 80 s)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="report folder (default ./askonce-report-<timestamp>)")
+    p.add_argument("--redis", metavar="URL", help="keep buckets, breakers and the target's ledger in Redis")
+    p.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the load, the keys and the target's failures")
+    p.add_argument("--budget", type=int, default=2, choices=range(11), metavar="N",
+                   help="retries an askonce question may cost in all, across every layer (default 2)")
+    p.add_argument("--in-process", action="store_true",
+                   help="no sockets: the three layers' arithmetic in one process (needs no extra package)")
+    g = p.add_argument_group("--in-process only")
+    g.add_argument("--questions", type=int, default=1000)
+    g.add_argument("--depth", type=int, default=3, choices=range(1, 6))
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.in_process:
+        return _in_process(args)
+    from askonce.demo.main import Options, run_demo
+
+    return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json, out=args.out,
+                            redis=args.redis, seed=args.seed, budget=args.budget, command=_command(args)))
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that reproduces the run (the report names it)."""
+    words = ["askonce", "demo"]
+    if args.quick:
+        words.append("--quick")
+    if tuple(args.scenarios) != SCENARIOS:
+        words += ["--scenarios", ",".join(args.scenarios)]
+    if args.seed != 1:
+        words += ["--seed", str(args.seed)]
+    if args.budget != 2:
+        words += ["--budget", str(args.budget)]
+    if args.redis:
+        words += ["--redis", args.redis]
+    return shlex.join(words)
+
+
+def _in_process(args: argparse.Namespace) -> int:
+    from askonce.demo.inprocess import rows
+
+    result = rows(questions=args.questions, depth=args.depth, budget=args.budget)
+    if args.json:
+        print(json.dumps({"mode": "in-process", "scenarios": [r.to_dict() for r in result]}, indent=2))
+        return 0
+    print(f"askonce demo (in-process): {args.depth} layers, each tries 3 times; "
+          f"askonce budget {args.budget}; {args.questions} questions per row")
+    print(f"{'scenario':<10} {'policy':<8} {'arrivals/question mean':>23} {'p99':>5} {'max':>5} {'success':>8}")
+    for r in result:
+        print(f"{r.scenario:<10} {r.policy:<8} {r.mean:>23.3f} {r.p99:>5.0f} {r.max:>5d} {r.success_rate:>8.1%}")
+    print("\nArrivals are counted at the target per question key. Naive layers multiply "
+          f"(3^{args.depth} = {3 ** args.depth}); askonce holds every question to 1 + budget.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m askonce.demo.cli``: the same command without the ``askonce`` front end."""
+    parser = argparse.ArgumentParser(prog="askonce")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["demo", *(sys.argv[1:] if argv is None else argv)])
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The demo's figures from what the edge saw and what the target counted: pure functions, no I/O.
+
+* arrivals per question: the target's count for each question the edge asked, 0 for a question that
+  never reached it (a refusal higher up); mean, nearest-rank p99 and max over all questions asked;
+* success: answered 200 within the deadline; latency from launch to outcome, over all questions;
+* goodput: successful answers per second, by the second in which they came back;
+* target work: seconds workers were held; wasted: work that answered no question in time (orphaned
+  retries, work for callers who had given up, work cut short);
+* recovery (overload): seconds after the trigger ends until goodput over a ``window`` is back to 90 % of
+  goodput before the trigger. Goodput in a window is taken relative to the questions asked in that
+  window, so that the randomness of the Poisson load does not decide it; ``None``: not within the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from askonce.demo.edge import Asked
+
+RECOVERED = 0.9
+STEP = 0.5  # seconds between candidate recovery times
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in (0, 1]), as the ledger reports it; ``None`` for no values."""
+    if not 0 < q <= 1:
+        raise ValueError(f"q must be within (0, 1], got {q!r}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float) -> float | None:
+    """Successes that came back in [start, end) per question asked in [start, end)."""
+    n = sum(1 for a in asked if start <= a.scheduled < end)
+    ok = sum(1 for a in asked if a.done and start <= a.ended < end and a.ok(deadline))
+    return ok / n if n else None
+
+
+def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[float, float], trigger_end: float,
+                  horizon: float, window: float, step: float = STEP) -> float | None:
+    """Seconds after ``trigger_end`` until the goodput over ``window`` seconds is back to 90 % of before.
+
+    ``baseline``: the seconds whose goodput counts as "before"; ``horizon``: the end of the run. Candidate
+    times go in ``step`` s; the first whose window (ending by the horizon) reaches 90 % is the answer.
+    """
+    before = _rate(asked, deadline, *baseline)
+    if before is None or before == 0:
+        return None
+    s = 0.0
+    while trigger_end + s + window <= horizon + 1e-9:
+        now = _rate(asked, deadline, trigger_end + s, trigger_end + s + window)
+        if now is not None and now >= RECOVERED * before:
+            return s
+        s += step
+    return None
+
+
+def goodput_series(asked: Sequence[Asked], deadline: float, horizon: float, step: float = 1.0) -> list[int]:
+    """Successful answers per ``step`` seconds, by the time they came back, from 0 to the horizon."""
+    bins = [0] * max(1, math.ceil(horizon / step))
+    for a in asked:
+        if a.done and a.ok(deadline) and 0 <= a.ended < horizon:
+            bins[int(a.ended / step)] += 1
+    return bins
+
+
+def wasted_work(asked: Sequence[Asked], work: Sequence[Sequence[Any]], deadline: float,
+                tolerance: float = 0.05) -> float:
+    """Seconds of target work that answered no question: everything but, for each question answered in
+    time, the last piece of its work that ended before the answer reached the edge.
+
+    ``work``: ``(question id, end, seconds)`` as the target logged it (times from the run's start;
+    ``tolerance`` absorbs the few milliseconds between the target's and the edge's clocks).
+    """
+    answered = {a.key: a.ended for a in asked if a.ok(deadline)}
+    best: dict[str, tuple[float, float]] = {}
+    for key, end, seconds in work:
+        when = answered.get(key) if isinstance(key, str) else None
+        if when is not None and end <= when + tolerance and (key not in best or end > best[key][0]):
+            best[key] = (end, seconds)
+    return float(sum(w[2] for w in work)) - sum(seconds for _, seconds in best.values())
+
+
+def breaker_opened(asked: Sequence[Asked]) -> float | None:
+    """When the edge first heard that a breaker below it was open (seconds into the run), if it did."""
+    times = [a.ended for a in asked if a.done and a.reason == "breaker-open"]
+    return min(times) if times else None
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | None]:
+    return {"mean": sum(values) / len(values) if values else None, "p99": percentile(values, 0.99),
+            "max": max(values) if values else None}
+
+
+def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[str, int], deadline: float,
+              target: dict[str, Any]) -> dict[str, Any]:
+    """One row of the report (the ``--json`` schema plus extra keys) for one scenario and policy."""
+    arrivals = [per_key.get(a.key, 0) for a in asked]
+    ok = sum(1 for a in asked if a.ok(deadline))
+    latencies = [1000.0 * (a.ended - a.launched) for a in asked if a.done]
+    opened = breaker_opened(asked)
+    after = [n for a, n in zip(asked, arrivals, strict=True) if opened is not None and a.launched >= opened]
+    lags = [1000.0 * max(0.0, a.launched - a.scheduled) for a in asked if a.launched >= 0]
+    ledger = target.get("ledger")
+    counted = sum(arrivals)
+    row: dict[str, Any] = {
+        "scenario": scenario,
+        "policy": policy,
+        "questions": len(asked),
+        "arrivals_per_question": _stats(arrivals),
+        "coverage": None if ledger is None else ledger.get("coverage"),
+        "success_rate": ok / len(asked) if asked else None,
+        "latency_ms": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
+        "recovery_s": None,
+        "target_arrivals": int(target.get("arrivals", 0)),
+        "stray_arrivals": int(target.get("arrivals", 0)) - counted,
+        "target_work_s": target.get("work_s"),
+        "wasted_work_s": wasted_work(asked, target.get("work", []), deadline),
+        "unanswered": sum(1 for a in asked if not a.done),
+        "statuses": {str(k): v for k, v in sorted(Counter(a.status for a in asked if a.done).items())},
+        "reasons": dict(Counter(a.reason for a in asked if a.done and a.reason is not None)),
+        "breaker_opened_s": opened,
+        "arrivals_per_question_after_open": _stats(after) if opened is not None else None,
+        "launch_lag_ms": {"p99": percentile(lags, 0.99), "max": max(lags) if lags else None},
+        "ledger": ledger,
+    }
+    return row
+
+
+def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's goals, checked against the rows that were run: ``{"goal", "met", "measured"}``."""
+    by = {(r["scenario"], r["policy"]): r for r in rows}
+    out: list[dict[str, Any]] = []
+
+    def add(goal: str, met: bool, measured: str) -> None:
+        out.append({"goal": goal, "met": met, "measured": measured})
+
+    def fmt(x: float | None, spec: str = ".3f") -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    naive, ask = by.get(("outage", "naive")), by.get(("outage", "askonce"))
+    if naive is not None:
+        mean = naive["arrivals_per_question"]["mean"]
+        add("outage: naive about 27 arrivals per question (3 layers x 3 tries)",
+            mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}")
+    if ask is not None:
+        a = ask["arrivals_per_question"]
+        most = 1 + ask.get("budget", 2)
+        add(f"outage: askonce at most {most} (1 + budget) arrivals for every question",
+            a["max"] is not None and a["max"] <= most,
+            f"max {a['max']}, mean {fmt(a['mean'])}")
+        after = ask.get("arrivals_per_question_after_open")
+        mean_after = None if after is None else after["mean"]
+        add("outage: askonce under 1.1 per question once the breaker is open",
+            mean_after is not None and mean_after < 1.1,
+            "the breaker never opened" if after is None else f"mean after it opened {fmt(mean_after)}")
+    ask = by.get(("transient", "askonce"))
+    if ask is not None:
+        rate, mean = ask["success_rate"], ask["arrivals_per_question"]["mean"]
+        tries = 1 + ask.get("budget", 2)
+        add("transient 10%: askonce success >= 99.9% at <= 1.12 arrivals per question",
+            rate is not None and mean is not None and rate >= 0.999 and mean <= 1.12,
+            f"success {fmt(100 * rate if rate is not None else None, '.2f')}% of {ask['questions']}, "
+            f"mean {fmt(mean)} (expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
+            f"{sum(0.1**i for i in range(tries)):.3f})")
+    naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
+
+    def when(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return "not run"
+        s = row["recovery_s"]
+        return f"not within {fmt(row.get('horizon_s'), 'g')} s of the cut's end" if s is None else f"{s:g} s"
+
+    if naive is not None:
+        add("overload: naive does not recover within the horizon", naive["recovery_s"] is None,
+            f"naive: {when(naive)}")
+    if ask is not None:
+        mine, theirs = ask["recovery_s"], None if none is None else none["recovery_s"]
+        add("overload: askonce recovers no slower than no-retry",
+            mine is not None and (theirs is None or mine <= theirs),
+            f"askonce: {when(ask)}; no-retry: {when(none)}")
+    return out
