@@ -1,0 +1,200 @@
+"""Fidelity: the simulator, given the demo's parameters, predicts what the real demo measures.
+
+The end-to-end test runs the real demo (outage, transient and slow, full size: about 25 s) as a user
+would, feeds its ``--json`` to :func:`askonce.sim.fidelity.predict_demo` and holds every row's mean
+arrivals per question and success rate to 5 % (``fidelity.within`` / ``success_within`` say exactly how).
+The other tests pin the rule, the parsing of the demo's document and the model's arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from askonce.demo import params
+from askonce.sim import fidelity
+from askonce.sim.fidelity import predict_demo, success_within, within
+
+DEMO = [sys.executable, "-m", "askonce.demo.cli"]
+SCENARIOS = ("outage", "transient", "slow")
+ROW_KEYS = {"scenario", "policy", "questions", "arrivals_per_question", "coverage", "success_rate", "latency_ms",
+            "recovery_s"}
+
+
+def document(names: tuple[str, ...], quick: bool = True, seed: int = 1) -> dict[str, Any]:
+    """A demo document as ``askonce demo --json`` writes it, without running the demo (no figures)."""
+    chosen = {n: s for n, s in params.scenarios(quick, seed).items() if n in names}
+    rows = [{"scenario": n, "policy": p} for n, s in chosen.items() for p in s.policies]
+    return json.loads(json.dumps({"scenarios": rows, "seed": seed,
+                                  "parameters": {n: dataclasses.asdict(s) for n, s in chosen.items()}}))
+
+
+# --- the rule -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sim", "demo", "questions", "agree"), [
+    (27.0, 27.0, 23, True),
+    (1.19, 1.139, 488, True),  # +4.5 %
+    (1.20, 1.139, 488, False),  # +5.4 %
+    (0.0, 0.0, 23, True),
+    (0.01, 0.0, 1000, False),  # a demo figure of 0 is matched exactly (to within one arrival in the run)
+    (12 / 23, 11 / 23, 23, True),  # one arrival in the whole run: the finest a single run can be matched
+    (13 / 23, 11 / 23, 23, False),
+    (None, None, 1, True),
+    (1.0, None, 1, False),
+])  # fmt: skip
+def test_a_figure_agrees_within_5_percent_or_one_arrival(sim: float | None, demo: float | None, questions: int,
+                                                         agree: bool) -> None:
+    assert within(sim, demo, questions) is agree
+
+
+@pytest.mark.parametrize(("sim", "demo", "questions", "agree"), [
+    (0.998, 0.998, 488, True),
+    (0.996, 0.998, 488, True),  # one question of 488
+    (0.95, 0.998, 488, False),  # within 5 % of the success rate, but 25 times the failures
+    (0.90, 0.9011, 91, True),
+    (0.85, 0.9011, 91, False),
+    (0.0, 0.0, 23, True),
+])  # fmt: skip
+def test_success_rates_agree_when_success_and_failure_rates_do(sim: float, demo: float, questions: int,
+                                                               agree: bool) -> None:
+    assert success_within(sim, demo, questions) is agree
+
+
+# --- the demo's document --------------------------------------------------------------------------
+
+
+def test_every_scenario_comes_back_from_the_demos_json() -> None:
+    for quick in (True, False):
+        for name, scenario in params.scenarios(quick).items():
+            data = json.loads(json.dumps(dataclasses.asdict(scenario)))
+            assert fidelity.scenario_from_json(data) == scenario, name
+
+
+@pytest.mark.parametrize("doc", [
+    [], {"scenarios": []}, {"parameters": {}, "scenarios": []},
+    {"parameters": {"outage": {"name": "outage", "rate": 20.0}}, "scenarios": []},  # no target
+    {"parameters": {"outage": {"nonsense": 1}}, "scenarios": []},
+])  # fmt: skip
+def test_a_document_without_the_demos_parameters_is_refused(doc: Any) -> None:
+    with pytest.raises(ValueError):
+        predict_demo(doc)
+
+
+def test_rows_the_model_does_not_know_are_refused() -> None:
+    doc = document(("outage",))
+    for bad in ({"scenario": "outage", "policy": "bucket"}, {"scenario": "meteor", "policy": "naive"}):
+        with pytest.raises(ValueError):
+            predict_demo({**doc, "scenarios": [bad]})
+    with pytest.raises(ValueError):
+        predict_demo({**doc, "seed": "1"})
+
+
+def test_the_command_line_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "results.json"
+    bad.write_text('{"scenarios": []}')
+    assert fidelity.main([str(bad)]) == 2
+    assert "parameters" in capsys.readouterr().err
+    assert fidelity.main([str(tmp_path / "missing.json")]) == 2
+
+
+# --- the model's arithmetic -----------------------------------------------------------------------
+
+
+def test_predictions_have_the_demos_schema_and_its_questions() -> None:
+    doc = document(("outage",))
+    predicted = predict_demo(doc)
+    rows = {r["policy"]: r for r in predicted["scenarios"]}
+    assert list(rows) == ["naive", "askonce"]
+    scenario = params.scenarios(True)["outage"]
+    for row in rows.values():
+        assert set(row) >= ROW_KEYS
+        assert row["questions"] == len(fidelity.schedule(scenario, 1))
+        assert row["success_rate"] == 0.0
+    naive, ask = rows["naive"]["arrivals_per_question"], rows["askonce"]["arrivals_per_question"]
+    assert naive == {"mean": 27.0, "p99": 27, "max": 27}  # 3 x 3 x 3: the edge asks once
+    assert ask["max"] == 1 + scenario.budget and ask["mean"] < 1.0  # the service's breaker opened
+    assert rows["askonce"]["coverage"] == 1.0 and rows["naive"]["coverage"] is None
+
+
+def test_a_replay_uses_the_demos_draws_and_is_repeatable() -> None:
+    doc = document(("transient",))
+    a, b = predict_demo(doc), predict_demo(doc)
+    assert a == b
+    scenario = params.scenarios(True)["transient"]
+    keys = params.question_keys(len(fidelity.schedule(scenario, 1)), 1, "transient")
+    # Naive retries ride out every failure; the number of arrivals follows from the demo's draws alone.
+    tries = [next(n for n in range(1, 50) if params.draw(1, "fail", k, n) >= scenario.target.rate) for k in keys]
+    naive = a["scenarios"][0]
+    assert naive["success_rate"] == 1.0
+    assert naive["arrivals_per_question"]["mean"] == pytest.approx(sum(tries) / len(keys))
+
+
+def test_independent_draws_pool_enough_runs_for_an_expectation() -> None:
+    doc = document(("transient",))
+    row = predict_demo(doc, draws="independent")["scenarios"][1]
+    assert row["simulated"]["repeats"] * row["questions"] >= fidelity.POOLED
+    assert row["arrivals_per_question"]["mean"] == pytest.approx(1.111, abs=0.01)  # 1 + 0.1 + 0.01
+    assert row["success_rate"] == pytest.approx(0.999, abs=0.001)
+    with pytest.raises(ValueError):
+        predict_demo(doc, repeats=3)  # a replay is one run
+
+
+def test_cancelled_calls_give_the_breaker_no_verdict() -> None:
+    # Overload: every askonce question reaches the target once; the service's calls end at the deadline,
+    # which is the middleware cancelling them, not the target failing, so its breaker never opens.
+    row = predict_demo(document(("overload",)))["scenarios"][2]
+    assert row["policy"] == "askonce"
+    assert row["arrivals_per_question"]["mean"] == 1.0
+
+
+# --- against the real demo ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("fidelity")
+    done = subprocess.run([*DEMO, "--json", "--scenarios", ",".join(SCENARIOS), "--out", str(out / "report")],
+                          capture_output=True, timeout=120, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(done.stdout)
+    assert [(r["scenario"], r["policy"]) for r in doc["scenarios"]] == [
+        (s, p) for s in SCENARIOS for p in ("naive", "askonce")]
+    return doc
+
+
+def _check(measured: dict[str, Any], predicted: dict[str, Any], names: tuple[str, ...]) -> None:
+    rows = [r for r in fidelity.compare(measured, predicted) if r["scenario"] in names]
+    assert len(rows) == 2 * len(names)
+    report = fidelity.table(rows)
+    assert all(r["arrivals_ok"] and r["success_ok"] for r in rows), "\n" + report
+
+
+def test_the_simulator_replays_the_demo_within_5_percent(measured: dict[str, Any]) -> None:
+    predicted = predict_demo(measured)
+    for sim, real in zip(predicted["scenarios"], measured["scenarios"], strict=True):
+        assert set(sim) >= ROW_KEYS
+        assert sim["questions"] == real["questions"]  # the same questions, launched at the same times
+    _check(measured, predicted, SCENARIOS)
+
+
+def test_the_simulators_expectation_matches_the_demo_within_5_percent(measured: dict[str, Any]) -> None:
+    # Draws of its own, many runs: the slow scenario is left out, its 91-question sample varies by ~8 %.
+    names = ("outage", "transient")
+    doc = {**measured, "scenarios": [r for r in measured["scenarios"] if r["scenario"] in names]}
+    _check(measured, predict_demo(doc, draws="independent"), names)
+
+
+def test_a_model_without_the_services_breaker_would_be_caught(measured: dict[str, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = fidelity.policy_for
+    monkeypatch.setattr(fidelity, "policy_for", lambda s, p: dataclasses.replace(plain(s, p), breaker=None))
+    rows = fidelity.compare(measured, predict_demo(measured))
+    outage = next(r for r in rows if (r["scenario"], r["policy"]) == ("outage", "askonce"))
+    assert not outage["arrivals_ok"]  # 3 arrivals per question instead of about 0.5
