@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 import random
 import threading
@@ -16,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 import redis
-import uvicorn
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
@@ -29,6 +27,7 @@ from askonce.core.question import Hop
 from askonce.integrations._server import LedgerLike, ServerOptions
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.ledger_store import LedgerUnavailable, MemoryLedger, RedisLedger, read_report
+from e2e_services import uvicorn_running
 from redis_server import RedisServer
 
 PATHS = [(), (("edge", 1), ("gw", 1)), (("gw", 2),), (("edge", 2), ("gw", 3)), (("gw", 3), ("gw", 1))]
@@ -367,20 +366,7 @@ async def _ok(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@contextlib.contextmanager
-def _replica_server(app: Any) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    limit = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < limit, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+_replica_server = uvicorn_running
 
 
 async def test_two_served_replicas_cap_one_question_exactly_and_report_one_total(url: str) -> None:

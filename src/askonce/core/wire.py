@@ -271,20 +271,28 @@ def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
     return Question(key, origin, edge is not None, min(budget, limits.max_budget), deadline, path, sig)
 
 
+def _ascii(text: str | bytes) -> str | Malformed:
+    """Header bytes as text: bounded before decoding, ASCII only (RFC 9651 fields are)."""
+    if not isinstance(text, bytes):
+        return text
+    if len(text) > MAX_HEADER_CHARS:
+        return Malformed("too-long")
+    try:
+        return text.decode("ascii")
+    except UnicodeDecodeError:
+        return Malformed("not-ascii")
+
+
 def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> Question | Malformed:
     """Decode an ``askonce-question`` value into a :class:`Question` on the local clock, clamped."""
-    if isinstance(text, bytes):
-        if len(text) > MAX_HEADER_CHARS:
-            return Malformed("too-long")
-        try:
-            text = text.decode("ascii")
-        except UnicodeDecodeError:
-            return Malformed("not-ascii")
-    if len(text) <= MAX_HEADER_CHARS:
-        fast = _parse_canonical(text, now, limits)
+    decoded = _ascii(text)
+    if isinstance(decoded, Malformed):
+        return decoded
+    if len(decoded) <= MAX_HEADER_CHARS:
+        fast = _parse_canonical(decoded, now, limits)
         if fast is not None:
             return fast
-    return _parse_question_general(text, now, limits)
+    return _parse_question_general(decoded, now, limits)
 
 
 def _parse_question_general(text: str, now: float, limits: Limits) -> Question | Malformed:
@@ -368,14 +376,10 @@ def format_question(
 
 def parse_reply(text: str | bytes) -> Reply | Malformed:
     """Decode an ``askonce-reply`` value. Never raises."""
-    if isinstance(text, bytes):
-        if len(text) > MAX_HEADER_CHARS:
-            return Malformed("too-long")
-        try:
-            text = text.decode("ascii")
-        except UnicodeDecodeError:
-            return Malformed("not-ascii")
-    d = parse_dictionary(text)
+    decoded = _ascii(text)
+    if isinstance(decoded, Malformed):
+        return decoded
+    d = parse_dictionary(decoded)
     if isinstance(d, Malformed):
         return d
     if d.get("v") != VERSION or type(d.get("v")) is not int:
