@@ -6,10 +6,9 @@ block and reports how the block ended. The decisions are the core's, as in the d
 
 from __future__ import annotations
 
-import inspect
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from askonce.context import _frame
 from askonce.core.question import Frame
@@ -104,12 +103,3 @@ def _verdict(breaker: BreakerHandle, exc: BaseException, started: float, ended: 
         breaker.record(ended, success=False, duration=ended - started)
     else:
         breaker.release(ended)
-
-
-async def _averdict(breaker: Any, exc: BaseException, started: float, ended: float) -> None:
-    from askonce.breakers import is_failure
-
-    done = (breaker.record(ended, success=False, duration=ended - started) if is_failure(exc)
-            else breaker.release(ended))
-    if inspect.isawaitable(done):
-        await done

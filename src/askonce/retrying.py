@@ -20,11 +20,12 @@ import functools
 import inspect
 import random as _random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from askonce import context
-from askonce._attempts import AttemptContext, _averdict, _Run, _verdict
+from askonce._attempts import AttemptContext, _Run
 from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
@@ -73,6 +74,10 @@ def _layer_name(fn: Callable[..., Any]) -> str:
     name = "".join(c if c.isalnum() or c in "_.-" else "." for c in getattr(fn, "__qualname__", "call"))
     name = name.lstrip("0123456789_.-") or "call"
     return name[:32]
+
+
+_ATTEMPT, _SLEEP, _IO = "attempt", "sleep", "io"
+Step = tuple[str, Any]  # (_ATTEMPT, frame) | (_SLEEP, seconds) | (_IO, a store call, maybe awaitable)
 
 
 class retry:  # spelled like a function: it is used as a decorator
@@ -173,59 +178,59 @@ class retry:  # spelled like a function: it is used as a decorator
             return self._async_wrapper(fn, layer)
         return self._sync_wrapper(fn, layer)
 
-    def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
-        sleep = self._sleep or time.sleep
-        clock, rand, matches, policy = self._clock, self._random, self._matches, self.policy
-        first = (Hop(layer, 1),)
-        budget, originator, minter = policy.budget, self.originator, context.new_key
-        get, set_, reset = _frame.get, _frame.set, _frame.reset
-        guarded = self._breaker_policy is not None
+    def _steps(self, layer: str, tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
+               last: BaseException | None) -> Generator[Step, Any, Any]:
+        """Every attempt after a failure (or from the first, when a breaker or deadline must judge it).
 
-        def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
-                              last: BaseException | None, args: Any, kwargs: Any) -> T:
-            """Every attempt after a failure (or from the first, when a breaker or deadline must judge it)."""
-            breaker = self._breaker(layer)
-            state = RetryState(policy, tab, layer, bucket is not None)
-            action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
-            if last is None:
-                action = state.start(clock())
-            while True:
-                if last is not None:
-                    action = state.on_failure(failure_of(last), clock(), rand())
-                    if type(action) is Acquire:
-                        now = clock()
-                        action = state.acquired(bucket is not None and bucket.withdraw(now), now)
-                    if type(action) is Wait:
-                        if action.seconds > 0:
-                            sleep(action.seconds)
-                        action = state.resume(clock())
-                if type(action) is not Attempt:
-                    self._raise(cast(GiveUp, action), last, state)
-                started = clock()
-                if breaker is not None and not breaker.allow(started):
-                    retry_at = breaker.retry_at()
-                    self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
-                token = set_((tab, (*path, cast(Attempt, action).hop)))
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:
-                    if breaker is not None:
-                        _verdict(breaker, exc, started, clock())
-                    if not matches(exc):
-                        raise
-                    last = exc
-                else:
-                    if breaker is not None:
-                        ended = clock()
-                        breaker.record(ended, success=True, duration=ended - started)
-                    return result
-                finally:
-                    reset(token)
+        One generator for both shells: it yields what needs doing (run an attempt with a frame bound,
+        sleep, or a store call that may be I/O) and receives the outcome; the sync and async drivers only
+        perform the steps. Every decision is RetryState's; give-ups are raised from here.
+        """
+        clock, policy = self._clock, self.policy
+        breaker: Any = self._breaker(layer)  # a sync handle, or an asyncio-Redis one the driver awaits
+        state = RetryState(policy, tab, layer, bucket is not None)
+        action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
+        if last is None:
+            action = state.start(clock())
+        while True:
+            if last is not None:
+                action = state.on_failure(failure_of(last), clock(), self._random())
+                if type(action) is Acquire:
+                    now = clock()
+                    ok = bucket is not None and (yield _IO, partial(bucket.withdraw, now))
+                    action = state.acquired(bool(ok), now)
+                if type(action) is Wait:
+                    if action.seconds > 0:
+                        yield _SLEEP, action.seconds
+                    action = state.resume(clock())
+            if type(action) is not Attempt:
+                self._raise(cast(GiveUp, action), last, state)
+            started = clock()
+            if breaker is not None and not (yield _IO, partial(breaker.allow, started)):
+                retry_at = breaker.retry_at()
+                self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
+            ok, outcome = yield _ATTEMPT, (tab, (*path, cast(Attempt, action).hop))
+            ended = clock() if breaker is not None else 0.0
+            if ok:
+                if breaker is not None:
+                    yield _IO, partial(breaker.record, ended, success=True, duration=ended - started)
+                return outcome
+            if breaker is not None:
+                from askonce.breakers import is_failure
 
-        @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            # The success path, kept flat: one context read, one bind, no state object. Every decision
-            # after a failure is RetryState's, in retry_after_first.
+                yield _IO, (partial(breaker.record, ended, success=False, duration=ended - started)
+                            if is_failure(outcome) else partial(breaker.release, ended))
+            if not self._matches(outcome):
+                raise outcome
+            last = outcome
+
+    def _prepare(self, layer: str) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
+        """The success path's first half, shared by both shells: the frame, the bucket deposit, and
+        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline passed)."""
+        clock, policy, originator, minter = self._clock, self.policy, self.originator, context.new_key
+        budget, get, guarded = policy.budget, _frame.get, self._breaker_policy is not None
+
+        def prepare() -> tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]:
             frame = get()
             if frame is None:
                 deadline = policy.deadline
@@ -237,11 +242,46 @@ class retry:  # spelled like a function: it is used as a decorator
             bucket = self._handle if self._handle is not None else self._bucket(layer)
             if bucket is not None:
                 bucket.deposit()
-            # A question minted just now has its whole deadline ahead; one bound above may not. A breaker
-            # judges every attempt, so with one configured the full loop runs from the first attempt.
-            if guarded or (frame is not None and tab.deadline is not None
-                           and not fits(policy, tab.deadline, clock())):
-                return retry_after_first(tab, path, bucket, None, args, kwargs)
+            # A question minted just now has its whole deadline ahead; one bound above may not.
+            full = guarded or (frame is not None and tab.deadline is not None
+                               and not fits(policy, tab.deadline, clock()))
+            return tab, path, bucket, full
+
+        return prepare
+
+    def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
+        sleep = self._sleep or time.sleep
+        matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
+        set_, reset = _frame.set, _frame.reset
+
+        def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
+            step = next(steps)
+            while True:
+                kind, what = step
+                answer: Any = None
+                if kind is _ATTEMPT:
+                    token = set_(what)
+                    try:
+                        answer = (True, fn(*args, **kwargs))
+                    except BaseException as exc:
+                        answer = (False, exc)
+                    finally:
+                        reset(token)
+                elif kind is _SLEEP:
+                    sleep(what)
+                else:
+                    answer = what()
+                try:
+                    step = steps.send(answer)
+                except StopIteration as done:
+                    return cast(T, done.value)
+
+        @functools.wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            # The success path, kept flat: one context read, one bind, no state object.
+            tab, path, bucket, full = prepare()
+            if full:
+                return drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
             token = set_((tab, path + first))
             try:
                 return fn(*args, **kwargs)
@@ -251,7 +291,7 @@ class retry:  # spelled like a function: it is used as a decorator
                 last = exc
             finally:
                 reset(token)
-            return retry_after_first(tab, path, bucket, last, args, kwargs)
+            return drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
 
         return call
 
@@ -259,79 +299,36 @@ class retry:  # spelled like a function: it is used as a decorator
         import asyncio  # only when an async function is decorated: `import askonce` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
-        clock, rand, matches, policy = self._clock, self._random, self._matches, self.policy
-        first = (Hop(layer, 1),)
-        budget, originator, minter = policy.budget, self.originator, context.new_key
-        get, set_, reset = _frame.get, _frame.set, _frame.reset
-        guarded = self._breaker_policy is not None
+        matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
+        set_, reset = _frame.set, _frame.reset
 
-        async def retry_after_first(tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
-                                    last: BaseException | None, args: Any, kwargs: Any) -> T:
-            breaker: Any = self._breaker(layer)  # a sync handle, or an asyncio-Redis one to await
-            state = RetryState(policy, tab, layer, bucket is not None)
-            action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
-            if last is None:
-                action = state.start(clock())
+        async def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
+            step = next(steps)
             while True:
-                if last is not None:
-                    action = state.on_failure(failure_of(last), clock(), rand())
-                    if type(action) is Acquire:
-                        now = clock()
-                        ok = bucket is not None and bucket.withdraw(now)
-                        if inspect.isawaitable(ok):
-                            ok = await ok
-                        action = state.acquired(bool(ok), now)
-                    if type(action) is Wait:
-                        if action.seconds > 0:
-                            result = sleep(action.seconds)
-                            if inspect.isawaitable(result):
-                                await result
-                        action = state.resume(clock())
-                if type(action) is not Attempt:
-                    self._raise(cast(GiveUp, action), last, state)
-                started = clock()
-                if breaker is not None:
-                    allowed = breaker.allow(started)
-                    if inspect.isawaitable(allowed):
-                        allowed = await allowed
-                    if not allowed:
-                        retry_at = breaker.retry_at()
-                        self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
-                token = set_((tab, (*path, cast(Attempt, action).hop)))
-                try:
-                    result = await fn(*args, **kwargs)
-                except BaseException as exc:
-                    if breaker is not None:
-                        await _averdict(breaker, exc, started, clock())
-                    if not matches(exc):
-                        raise
-                    last = exc
+                kind, what = step
+                answer: Any = None
+                if kind is _ATTEMPT:
+                    token = set_(what)
+                    try:
+                        answer = (True, await fn(*args, **kwargs))
+                    except BaseException as exc:
+                        answer = (False, exc)
+                    finally:
+                        reset(token)
                 else:
-                    if breaker is not None:
-                        ended = clock()
-                        done = breaker.record(ended, success=True, duration=ended - started)
-                        if inspect.isawaitable(done):
-                            await done
-                    return result
-                finally:
-                    reset(token)
+                    answer = sleep(what) if kind is _SLEEP else what()
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                try:
+                    step = steps.send(answer)
+                except StopIteration as done:
+                    return cast(T, done.value)
 
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            frame = get()
-            if frame is None:
-                deadline = policy.deadline
-                tab = Tab(None, layer, originator, Account(budget),
-                          None if deadline is None else clock() + deadline, minter)
-                path: tuple[Hop, ...] = ()
-            else:
-                tab, path = frame
-            bucket = self._handle if self._handle is not None else self._bucket(layer)
-            if bucket is not None:
-                bucket.deposit()
-            if guarded or (frame is not None and tab.deadline is not None
-                           and not fits(policy, tab.deadline, clock())):
-                return await retry_after_first(tab, path, bucket, None, args, kwargs)
+            tab, path, bucket, full = prepare()
+            if full:
+                return await drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
             token = set_((tab, path + first))
             try:
                 return await fn(*args, **kwargs)
@@ -341,7 +338,7 @@ class retry:  # spelled like a function: it is used as a decorator
                 last = exc
             finally:
                 reset(token)
-            return await retry_after_first(tab, path, bucket, last, args, kwargs)
+            return await drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
 
         return call
 
