@@ -104,11 +104,28 @@ _ITEM = (
     r"|(?P<t>[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*)"
     r"|:(?P<y>[A-Za-z0-9+/]*={0,2}):"
 )
-_MEMBER = re.compile(rf"(?P<k>{_KEY})(?:=(?:{_ITEM}|\((?P<l>[^()]*)\)))?")
-_INNER_ITEM = re.compile(_ITEM)
-_SEP = re.compile(r"[ \t]*,[ \t]*")
-_SPACES = re.compile(r" +")
-_ESCAPE = re.compile(r"\\([\"\\])")
+
+
+class _General:
+    """The general parser's expressions, compiled on first use: most processes only ever meet the
+    canonical form, and compiling at import would cost every ``import askonce`` about a millisecond."""
+
+    def __init__(self) -> None:
+        self.member = re.compile(rf"(?P<k>{_KEY})(?:=(?:{_ITEM}|\((?P<l>[^()]*)\)))?")
+        self.inner_item = re.compile(_ITEM)
+        self.sep = re.compile(r"[ \t]*,[ \t]*")
+        self.spaces = re.compile(r" +")
+        self.escape = re.compile(r"\\([\"\\])")
+
+
+_general: _General | None = None
+
+
+def _rx() -> _General:
+    global _general
+    if _general is None:
+        _general = _General()
+    return _general
 
 
 def _item(m: re.Match[str]) -> Item | None:
@@ -117,7 +134,7 @@ def _item(m: re.Match[str]) -> Item | None:
         return int(i)
     s = m.group("s")
     if s is not None:
-        return _ESCAPE.sub(r"\1", s) if "\\" in s else s
+        return _rx().escape.sub(r"\1", s) if "\\" in s else s
     b = m.group("b")
     if b is not None:
         return b == "1"
@@ -135,12 +152,13 @@ def _item(m: re.Match[str]) -> Item | None:
 
 def _inner(text: str) -> list[Item] | None:
     body = text.strip(" ")
+    rx = _rx()
     if not body:
         return []
     out: list[Item] = []
     pos, end = 0, len(body)
     while True:
-        m = _INNER_ITEM.match(body, pos)
+        m = rx.inner_item.match(body, pos)
         if m is None:
             return None
         value = _item(m)
@@ -150,7 +168,7 @@ def _inner(text: str) -> list[Item] | None:
         pos = m.end()
         if pos == end:
             return out
-        s = _SPACES.match(body, pos)
+        s = rx.spaces.match(body, pos)
         if s is None:
             return None
         pos = s.end()
@@ -163,10 +181,11 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
     if not text.isascii():
         return Malformed("not-ascii")
     text = text.strip(" ")
+    rx = _rx()
     out: dict[str, Value] = {}
     pos, end = 0, len(text)
     while pos < end:
-        m = _MEMBER.match(text, pos)
+        m = rx.member.match(text, pos)
         if m is None:
             return Malformed("syntax")
         key = m.group("k")
@@ -187,7 +206,7 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
         pos = m.end()
         if pos == end:
             break
-        sep = _SEP.match(text, pos)
+        sep = rx.sep.match(text, pos)
         if sep is None or sep.end() == end:  # something after a member, or a trailing comma
             return Malformed("syntax")
         pos = sep.end()
