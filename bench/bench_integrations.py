@@ -1,22 +1,29 @@
 """What the ASGI middleware and the httpx transport cost on a loopback hello-world, against bare, same run.
 
-* **ASGI middleware, throughput**: two uvicorn servers (one worker each, h11, in processes of their own)
-  serve the same raw ASGI hello-world app, one wrapped in ``AskonceASGIMiddleware``. A load generator in
-  this process (asyncio, raw HTTP/1.1 keep-alive, ``CONNECTIONS`` connections, each sending its next
-  request when the last response is read) drives one server at a time. Every request carries the same
-  ``askonce-question`` header, as a middle layer receives it; a third case sends none (the middleware
-  then mints, lazily). Figures: requests per second, the loss against bare, and the server's CPU time per
-  request (from ``/proc``), which does not depend on whether the generator keeps up. The same pair again
-  with a FastAPI hello-world (the middleware added with ``add_middleware``) puts it beside a framework.
+* **ASGI middleware, throughput**: uvicorn servers (one worker each, h11, in processes of their own)
+  serve the same raw ASGI hello-world app, bare, wrapped in ``AskonceASGIMiddleware``, and wrapped in a
+  do-nothing pure ASGI middleware that adds one constant response header (what any middleware that
+  writes a header costs at least). A load generator in this process (asyncio, raw HTTP/1.1 keep-alive,
+  ``CONNECTIONS`` connections, each sending its next request when the last response is read) drives one
+  server at a time. Every request carries the same ``askonce-question`` header, as a middle layer
+  receives it; one case sends none (the middleware then mints, lazily). Figures: requests per second, the
+  loss against bare, and the server's CPU time per request over the same window (from ``/proc``): the
+  server is the bottleneck, so its CPU per request is what its throughput is, and it does not depend on
+  whether the generator, sharing the machine, keeps up. The same pair again with a FastAPI hello-world
+  (the middleware added with ``add_middleware``) puts it beside a framework.
 * **httpx transport, latency**: sequential GETs over one keep-alive connection to the bare server, with a
-  bare ``httpx.Client`` and with ``AskonceTransport`` (inside a bound question, and with nothing bound: a
-  question minted per call). Figures: median latency, the latency added, and this thread's CPU per call.
+  bare ``httpx.Client``, with a bare client that sends a constant ``askonce-question`` (what carrying
+  the header costs, on both sides), and with ``AskonceTransport`` (inside a bound question, and with
+  nothing bound: a question minted per call). Figures: median latency, the latency added, and this
+  thread's CPU per call.
 
 Rounds interleave the cases; each figure is the median over rounds. Targets: under 5 % throughput loss
-for the middleware, under 3 % latency added by the transport. ``--profile`` runs both paths in-process
-under cProfile (no sockets) and prints where their time goes.
+for the middleware, under 3 % latency added by the transport. ``--pin`` puts the servers on the last CPU
+and the generator on the others (steadier on a quiet machine, worse on a busy one). ``--profile`` runs
+both paths in-process under cProfile (no sockets) and prints where their time goes.
 
-    python bench/bench_integrations.py            # markdown table, about 60 s
+    python bench/bench_integrations.py            # markdown table, about 90 s
+    python bench/bench_integrations.py --rounds 9 --pin
     python bench/bench_integrations.py --profile
 """
 
@@ -26,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import gc
 import os
 import platform
@@ -48,8 +56,8 @@ from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport
 
 CONNECTIONS = 16
-ROUNDS = 5
-WINDOW = 1.5  # seconds of load per case per round
+ROUNDS = 7
+WINDOW = 1.0  # seconds of load per case per round
 WARMUP = 0.3
 LATENCY_CALLS = 400  # sequential calls per case per round
 TARGET_ASGI_LOSS = 5.0
@@ -86,16 +94,33 @@ def fastapi_hello(with_askonce: bool) -> Any:
     return app
 
 
-SERVERS = ("bare", "askonce", "askonce-no-timers", "fastapi", "fastapi+askonce")
+def passthrough(app: Any) -> Any:
+    """The least a pure ASGI middleware that writes a response header does: wrap send, add the header."""
+
+    async def middleware(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def send_(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-layer", b"bench")]}
+            await send(message)
+
+        await app(scope, receive, send_)
+
+    return middleware
 
 
-def serve(kind: str) -> None:
+SERVERS = ("bare", "askonce", "askonce-no-timers", "passthrough", "fastapi", "fastapi+askonce")
+
+
+def serve(kind: str, pin: bool) -> None:
     """Child process: serve a hello app (bare or wrapped) on a free port; print the port."""
     import uvicorn
 
+    if pin:
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     app: Any = {"bare": lambda: hello, "askonce": lambda: AskonceASGIMiddleware(hello, layer="bench"),
                 "askonce-no-timers": lambda: AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
                                                                    shed_deadline=False),
+                "passthrough": lambda: passthrough(hello),
                 "fastapi": lambda: fastapi_hello(False), "fastapi+askonce": lambda: fastapi_hello(True)}[kind]()
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it the
     # response's two writes (head, body) meet the client's delayed ACK: 40 ms per request.
@@ -107,10 +132,11 @@ def serve(kind: str) -> None:
 
 
 class Server:
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, pin: bool = False) -> None:
         self.kind = kind
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, *(["--pin"] if pin else [])],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                     text=True)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         deadline = time.monotonic() + 10
@@ -162,27 +188,26 @@ async def _connection(port: int, request: bytes, stop: list[bool], counts: list[
         writer.close()
 
 
-async def _load(port: int, question: bool, seconds: float) -> tuple[int, int, float]:
-    request = request_bytes(port, question)
+async def _load(server: Server, question: bool, seconds: float) -> tuple[int, int, float, float]:
+    """Requests, errors, seconds and server CPU seconds of one window (after a warm-up)."""
+    request = request_bytes(server.port, question)
     stop, counts = [False], [0, 0]
-    tasks = [asyncio.create_task(_connection(port, request, stop, counts)) for _ in range(CONNECTIONS)]
+    tasks = [asyncio.create_task(_connection(server.port, request, stop, counts)) for _ in range(CONNECTIONS)]
     await asyncio.sleep(WARMUP)
-    start_count, started = counts[0], time.perf_counter()
+    start_count, started, cpu0 = counts[0], time.perf_counter(), server.cpu()
     await asyncio.sleep(seconds)
-    done, elapsed = counts[0] - start_count, time.perf_counter() - started
+    done, elapsed, cpu = counts[0] - start_count, time.perf_counter() - started, server.cpu() - cpu0
     stop[0] = True
     await asyncio.gather(*tasks)
-    return done, counts[1], elapsed
+    return done, counts[1], elapsed, cpu
 
 
 def throughput(server: Server, question: bool) -> tuple[float, float]:
     """Requests per second, and the server's CPU microseconds per request, over one window."""
-    cpu0 = server.cpu()
-    done, errors, elapsed = asyncio.run(_load(server.port, question, WINDOW))
-    cpu = server.cpu() - cpu0
+    done, errors, elapsed, cpu = asyncio.run(_load(server, question, WINDOW))
     if errors:
         raise RuntimeError(f"{server.kind}: {errors} responses were not 200")
-    return done / elapsed, cpu / (done + CONNECTIONS) * 1e6  # the warm-up's requests are in the CPU too (close)
+    return done / elapsed, cpu / done * 1e6
 
 
 # --- the httpx latency ----------------------------------------------------------------------------------
@@ -221,42 +246,46 @@ def pct(x: float, base: float) -> str:
     return f"{(x - base) / base * 100:+.1f} %"
 
 
-def main() -> int:
+def main(pin: bool = False) -> int:
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    servers = {kind: Server(kind) for kind in SERVERS}
+    servers = {kind: Server(kind, pin) for kind in SERVERS}
+    if pin:
+        os.sched_setaffinity(0, set(range(max(os.sched_getaffinity(0)))) or os.sched_getaffinity(0))
     bare = servers["bare"]
     cases = [("bare", bare, True), ("askonce", servers["askonce"], True),
              ("askonce, none sent", servers["askonce"], False),
              ("askonce, no timers (no cancellation)", servers["askonce-no-timers"], True),
+             ("pass-through middleware adding a header", servers["passthrough"], True),
              ("FastAPI", servers["fastapi"], True),
              ("FastAPI + askonce", servers["fastapi+askonce"], True)]
     rps: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     cpu: dict[str, list[float]] = {k: [] for k in rps}
-    lat: dict[str, list[float]] = {"bare": [], "askonce, bound": [], "askonce, minted": []}
-    ccpu: dict[str, list[float]] = {k: [] for k in lat}
     url = f"http://127.0.0.1:{bare.port}/"
     clients = {
-        "bare": httpx.Client(),
-        "askonce, bound": httpx.Client(transport=AskonceTransport(policy=POLICY)),
-        "askonce, minted": httpx.Client(transport=AskonceTransport(policy=POLICY)),
+        "bare": (httpx.Client(), False),
+        "bare, sending a constant askonce-question": (httpx.Client(headers={"askonce-question": QUESTION}), False),
+        "askonce, bound": (httpx.Client(transport=AskonceTransport(policy=POLICY)), True),
+        "askonce, minted": (httpx.Client(transport=AskonceTransport(policy=POLICY)), False),
     }
+    lat: dict[str, list[float]] = {k: [] for k in clients}
+    ccpu: dict[str, list[float]] = {k: [] for k in clients}
     try:
-        for name, c in clients.items():  # warm the connections and the code paths
-            latencies(c, url, name.endswith("bound"))
+        for client, bound in clients.values():  # warm the connections and the code paths
+            latencies(client, url, bound)
         for _ in range(ROUNDS):
             for name, server, question in cases:
                 with no_gc():
                     r, c = throughput(server, question)
                 rps[name].append(r)
                 cpu[name].append(c)
-            for name, client in clients.items():
+            for name, (client, bound) in clients.items():
                 with no_gc():
-                    latency, c = latencies(client, url, name.endswith("bound"))
+                    latency, c = latencies(client, url, bound)
                 lat[name].append(latency)
                 ccpu[name].append(c)
     finally:
-        for client in clients.values():
+        for client, _ in clients.values():
             client.close()
         for server in servers.values():
             server.close()
@@ -268,30 +297,126 @@ def main() -> int:
     mccpu = {k: statistics.median(v) for k, v in ccpu.items()}
     print("## Integration overhead: ASGI middleware and httpx transport on a loopback hello-world\n")
     print(f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, {platform.machine()}, "
-          f"{os.cpu_count()} CPUs, load average {load_before:.2f} -> {load_after:.2f}; uvicorn (h11) one worker "
-          f"per server; {CONNECTIONS} keep-alive connections; medians of {ROUNDS} interleaved rounds "
-          f"({WINDOW:.1f} s per case per round; {LATENCY_CALLS} sequential calls per latency case); "
-          f"{time.monotonic() - started:.0f} s.\n")
+          f"{os.cpu_count()} CPUs{', pinned' if pin else ''}, load average {load_before:.2f} -> {load_after:.2f}; "
+          f"uvicorn (h11) one worker per server; {CONNECTIONS} keep-alive connections; medians of {ROUNDS} "
+          f"interleaved rounds ({WINDOW:.1f} s per case per round; {LATENCY_CALLS} sequential calls per latency "
+          f"case); {time.monotonic() - started:.0f} s.\n")
     print("| ASGI server | requests/s | vs bare | server CPU per request | vs bare |")
     print("|---|---:|---:|---:|---:|")
     for k in rps:
         base = "FastAPI" if k.startswith("FastAPI") else "bare"
-        print(f"| {k} | {med[k]:,.0f} | {pct(med[k], med[base]) if k != base else ''} | "
-              f"{mcpu[k]:.0f} us | {pct(mcpu[k], mcpu[base]) if k != base else ''} |")
+        extra = "" if k == base else f"{pct(mcpu[k], mcpu[base])} ({mcpu[k] - mcpu[base]:+.1f} us)"
+        print(f"| {k} | {med[k]:,.0f} | {pct(med[k], med[base]) if k != base else ''} | {mcpu[k]:.1f} us | {extra} |")
     print("\n| httpx client | median latency | added | client CPU per call | added |")
     print("|---|---:|---:|---:|---:|")
     for k in lat:
-        extra = "" if k == "bare" else f"+{mccpu[k] - mccpu['bare']:.1f} us"
+        extra = "" if k == "bare" else f"{mccpu[k] - mccpu['bare']:+.1f} us"
         print(f"| {k} | {mlat[k]:.0f} us | {pct(mlat[k], mlat['bare']) if k != 'bare' else ''} | "
               f"{mccpu[k]:.0f} us | {extra} |")
-    loss = (med["bare"] - med["askonce"]) / med["bare"] * 100
-    fastapi_loss = (med["FastAPI"] - med["FastAPI + askonce"]) / med["FastAPI"] * 100
+    loss = (mcpu["askonce"] - mcpu["bare"]) / mcpu["askonce"] * 100
+    fastapi_loss = (mcpu["FastAPI + askonce"] - mcpu["FastAPI"]) / mcpu["FastAPI + askonce"] * 100
     added = (mlat["askonce, bound"] - mlat["bare"]) / mlat["bare"] * 100
-    print(f"\nASGI throughput loss {loss:.1f} % on a raw ASGI app, {fastapi_loss:.1f} % on FastAPI (target < "
-          f"{TARGET_ASGI_LOSS:.0f} %: {'met' if loss < TARGET_ASGI_LOSS else 'missed'}); httpx latency added "
-          f"{added:.1f} % (target < {TARGET_HTTPX_ADDED:.0f} %: "
-          f"{'met' if added < TARGET_HTTPX_ADDED else 'missed'}). Server CPU per request includes the "
-          f"load generator's warm-up requests; compare rows, not absolute values.")
+    print(f"\nThroughput loss implied by server CPU per request (1 - bare/askonce): {loss:.1f} % on a raw ASGI "
+          f"app, {fastapi_loss:.1f} % on FastAPI (target < {TARGET_ASGI_LOSS:.0f} %: "
+          f"{'met' if loss < TARGET_ASGI_LOSS else 'missed'}); httpx latency added {added:.1f} % (target < "
+          f"{TARGET_HTTPX_ADDED:.0f} %: {'met' if added < TARGET_HTTPX_ADDED else 'missed'}). Requests per "
+          f"second swing with whatever else the machine runs; CPU per request is the steadier figure.")
+    return 0
+
+
+# --- instructions per request, under valgrind: the same figures on a busy machine as on a quiet one -------
+
+VALGRIND = ("valgrind", "--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null")
+_CG_FIELDS = {"I refs": "ir", "I1 misses": "i1", "LLi misses": "lli", "D1 misses": "d1", "LLd misses": "lld"}
+
+
+def _cachegrind(stderr: str) -> dict[str, int]:
+    out = {}
+    for line in stderr.splitlines():
+        label, colon, value = " ".join(line.split("==", 2)[-1].split()).partition(":")
+        if colon and label in _CG_FIELDS and value.split():
+            out[_CG_FIELDS[label]] = int(value.split()[0].replace(",", ""))
+    if len(out) != len(_CG_FIELDS):
+        raise RuntimeError(f"no cachegrind summary in:\n{stderr[-2000:]}")
+    return out
+
+
+async def _count(port: int, n: int) -> None:
+    """Exactly ``n`` requests over CONNECTIONS keep-alive connections."""
+    request, left = request_bytes(port, True), [n]
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while left[0] > 0:
+            left[0] -= 1
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line[15:]) for line in head.split(b"\r\n") if line[:15].lower() == b"content-length:")
+            await reader.readexactly(length)
+        writer.close()
+
+    await asyncio.gather(*(one() for _ in range(CONNECTIONS)))
+
+
+def _server_run(kind: str, n: int) -> dict[str, int]:
+    proc = subprocess.Popen([*VALGRIND, sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    for _ in range(600):  # uvicorn under valgrind takes seconds to start listening
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            break
+        time.sleep(0.1)
+    asyncio.run(_count(port, n))
+    proc.send_signal(2)  # SIGINT: uvicorn exits cleanly and valgrind writes its summary
+    return _cachegrind(proc.communicate(timeout=600)[1])
+
+
+def client_calls(kind: str, n: int, url: str) -> None:
+    """Child process: ``n`` sequential GETs with one of the latency cases' clients."""
+    client = {"bare": lambda: httpx.Client(),
+              "header": lambda: httpx.Client(headers={"askonce-question": QUESTION}),
+              "bound": lambda: httpx.Client(transport=AskonceTransport(policy=POLICY)),
+              "minted": lambda: httpx.Client(transport=AskonceTransport(policy=POLICY))}[kind]()
+    with askonce.question(budget=2, deadline=600.0) if kind == "bound" else contextlib.nullcontext(), client:
+        for _ in range(n):
+            client.get(url).raise_for_status()
+
+
+def _client_run(kind: str, url: str, n: int) -> dict[str, int]:
+    done = subprocess.run([*VALGRIND, sys.executable, __file__, "--client", kind, str(n), url], capture_output=True,
+                          text=True, timeout=600, check=True)
+    return _cachegrind(done.stderr)
+
+
+def instructions(small: int = 200, large: int = 700) -> int:
+    """Instructions (and simulated cache misses) per request: a run of ``large`` minus one of ``small``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.monotonic()
+    bare = Server("bare")
+    url = f"http://127.0.0.1:{bare.port}/"
+    jobs = {**{("server", k): functools.partial(_server_run, k) for k in SERVERS},
+            **{("client", k): functools.partial(_client_run, k, url) for k in ("bare", "header", "bound", "minted")}}
+    try:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            runs = {(job, n): pool.submit(run, n) for job, run in jobs.items() for n in (small, large)}
+            per = {job: {m: (runs[(job, large)].result()[m] - runs[(job, small)].result()[m]) / (large - small)
+                         for m in _CG_FIELDS.values()} for job in jobs}
+    finally:
+        bare.close()
+    # cachegrind's rough cycle estimate: a first-level miss ~10 instructions' time, a last-level one ~100
+    est = {job: v["ir"] + 10 * (v["i1"] + v["d1"]) + 100 * (v["lli"] + v["lld"]) for job, v in per.items()}
+    print("## Instructions per request (valgrind cachegrind), ASGI servers and httpx clients\n")
+    print(f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, {platform.machine()}; per "
+          f"request: a run of {large} requests minus a run of {small}; {time.monotonic() - started:.0f} s. "
+          f"Estimated cycles = instructions + 10 x first-level misses + 100 x last-level misses.\n")
+    print("| process | instructions | vs base | est. cycles | vs base |\n|---|---:|---:|---:|---:|")
+    for (side, kind), v in per.items():
+        base = (side, "fastapi" if kind.startswith("fastapi") else "bare")
+        same = (side, kind) == base
+        print(f"| {side}: {kind} | {v['ir']:,.0f} | {'' if same else pct(v['ir'], per[base]['ir'])} | "
+              f"{est[(side, kind)]:,.0f} | {'' if same else pct(est[(side, kind)], est[base])} |")
     return 0
 
 
@@ -385,10 +510,19 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="print where the time of both paths goes")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
+    ap.add_argument("--pin", action="store_true", help="servers on the last CPU, the load generator on the others")
+    ap.add_argument("--instructions", action="store_true", help="instructions per request under valgrind")
+    ap.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    ROUNDS = args.rounds
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.pin)
+    elif args.client:
+        client_calls(args.client[0], int(args.client[1]), args.client[2])
+    elif args.instructions:
+        sys.exit(instructions())
     elif args.profile:
         profile()
     else:
-        sys.exit(main())
+        sys.exit(main(args.pin))

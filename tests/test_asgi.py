@@ -502,3 +502,155 @@ async def test_a_noted_give_up_replaces_the_frameworks_own_500() -> None:
     assert headers[b"retry-after"] == b"2"
     assert headers[askonce.REPLY_HEADER.encode()] == b"v=1, b=0, dnr, r=breaker-open, pb=1500"
     assert ex.sent[1]["body"] == b"askonce: breaker-open\n"
+
+
+# --- signed edge keys and thread-safe ledgers -----------------------------------------------------------
+
+SECRET = b"0123456789abcdef0123"
+OLD_SECRET = "an older secret, still accepted"
+
+
+class LockProbe:
+    """A ledger that says whether the process-wide LEDGER_LOCK was held while it recorded."""
+
+    def __init__(self, thread_safe: bool) -> None:
+        if thread_safe:
+            self.thread_safe = True
+        self.inner = Ledger(LedgerPolicy(window=DAY))
+        self.held: list[bool] = []
+
+    def record(self, now: float, operation: str, **kw: Any) -> bool:
+        self.held.append(LEDGER_LOCK.locked())
+        return self.inner.record(now, operation, **kw)
+
+
+def signed_question(secret: bytes | str | None) -> dict[str, str]:
+    key = askonce.new_key()
+    sig = None if secret is None else askonce.signing.mac(key, secret)
+    return {askonce.QUESTION_HEADER: wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("edge", 1),), sig)}
+
+
+def test_an_edge_key_that_does_not_verify_is_recorded_as_unsigned_not_attributable() -> None:
+    ledger = Ledger(LedgerPolicy(window=DAY))
+    app = AskonceASGIMiddleware(make_app(Probe()), layer="target", ledger=ledger, edge_secret=[SECRET, OLD_SECRET])
+    before = askonce.stats().get("ledger.edge.unsigned", 0)
+    with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
+        signed, old = signed_question(SECRET), signed_question(OLD_SECRET)
+        forged = signed_question(b"not the originators' secret!")
+        for headers in (signed, old, forged, signed_question(None)):
+            r = client.get("/items/1", headers=headers)
+            assert r.status_code == 200
+            assert r.json()["edge"] is True  # the handler sees the question as it came; only the ledger judges
+    with LEDGER_LOCK:
+        op = ledger.report(time.time()).find("GET /items/{item_id}")
+    assert op.attributable == 2  # signed with the current secret, and with the older one still accepted
+    assert op.kinds[Kind.REMINTED] == 2 and op.reminted_by == {"~unsigned": 2}
+    assert askonce.stats()["ledger.edge.unsigned"] == before + 2
+
+
+def test_an_originator_with_an_edge_secret_signs_the_keys_it_mints() -> None:
+    seen_sigs: list[Any] = []
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        q = askonce.current()
+        assert q is not None
+        seen_sigs.append((q.key, q.edge, q.sig))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = AskonceASGIMiddleware(handler, layer="web", originator=True, edge_secret=(SECRET, OLD_SECRET))
+    with running(app) as url:
+        assert httpx.get(url + "/", timeout=5.0).status_code == 200
+        assert httpx.get(url + "/", headers={askonce.QUESTION_HEADER: "v=9"}, timeout=5.0).status_code == 200
+    for key, edge, sig in seen_sigs:  # minted with nothing sent, and in place of a malformed question
+        assert edge and askonce.signing.verify_key(key, sig, SECRET)
+        assert not askonce.signing.verify_key(key, sig, OLD_SECRET)  # the first secret signs
+
+
+@pytest.mark.parametrize("thread_safe", [False, True])
+def test_a_thread_safe_ledger_is_called_without_the_process_wide_lock(thread_safe: bool) -> None:
+    ledger = LockProbe(thread_safe)
+    app = AskonceASGIMiddleware(make_app(Probe()), layer="target", ledger=ledger)  # type: ignore[arg-type]
+    with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
+        for headers in (question(), {}):  # a keyed arrival, and an unkeyed one
+            assert client.get("/items/1", headers=headers).status_code == 200
+    assert ledger.held == [not thread_safe] * 2
+
+
+@pytest.mark.parametrize("secret", [b"short", "", [], [SECRET, b"short"], 42, [42]])
+def test_a_bad_edge_secret_is_refused_with_value_error(secret: Any) -> None:
+    async def inner(scope: Any, receive: Any, send: Any) -> None: ...
+
+    with pytest.raises(ValueError, match="edge_secret"):
+        AskonceASGIMiddleware(inner, layer="api", edge_secret=secret)
+
+
+# --- timers: one sweep per event loop -----------------------------------------------------------------
+
+
+async def test_quick_requests_leave_no_timer_behind_and_slow_ones_are_still_cancelled_at_the_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+    mw = AskonceASGIMiddleware(sleepy, layer="api")
+
+    async def quick(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    fast = AskonceASGIMiddleware(quick, layer="api")
+    for _ in range(50):  # a deadline seconds away: nothing to arm for a request that is done at once
+        ex = Exchange(question(deadline_ms=5000))
+        await fast(ex.scope, ex.receive, ex.send)
+        assert ex.sent[0]["status"] == 200
+    assert len(loop._scheduled) <= scheduled + 1  # type: ignore[attr-defined]  # the one sweep of the loop
+    ex = Exchange(question(deadline_ms=120))  # armed when the sweep comes by, 50-60 ms in
+    started = loop.time()
+    await mw(ex.scope, ex.receive, ex.send)
+    assert ex.sent[0]["status"] == 503  # before sleepy's 0.2 s were up
+    assert loop.time() - started >= 0.11  # and not before the deadline
+    assert (askonce.REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+
+
+def test_a_loop_stopped_with_requests_queued_for_the_sweep_can_be_collected() -> None:
+    import gc
+    import weakref
+
+    async def hang(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(3600)
+
+    mw = AskonceASGIMiddleware(hang, layer="api")
+    loop = asyncio.new_event_loop()
+    ex = Exchange(question(deadline_ms=60_000))
+    task = loop.create_task(mw(ex.scope, ex.receive, ex.send))
+    loop.run_until_complete(asyncio.sleep(0.01))  # the request is running and queued for the sweep
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        loop.run_until_complete(task)
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop, task
+    gc.collect()
+    assert ref() is None
+
+
+async def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
+    import gc
+
+    async def quick(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = AskonceASGIMiddleware(quick, layer="api", ledger=Ledger(LedgerPolicy(window=DAY)))
+    await asyncio.create_task(mw(*_args(Exchange(question()))))
+    gc.collect()
+    gc.disable()
+    try:
+        for headers in (question(), {}, {askonce.QUESTION_HEADER: "v=1, k=nope"}, question(deadline_ms=0)):
+            await asyncio.create_task(mw(*_args(Exchange(headers))))  # a task per request, as servers run them
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+def _args(ex: Exchange) -> tuple[Any, Any, Any]:
+    return ex.scope, ex.receive, ex.send

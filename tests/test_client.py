@@ -45,6 +45,7 @@ from askonce.client import (
     parse_retry_after,
     replies,
 )
+from askonce.core import wire
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.wire import REPLY_HEADER, format_reply
 from askonce.stores.memory import MemoryStore
@@ -442,3 +443,142 @@ def test_importing_the_client_and_the_integrations_package_imports_no_framework_
             "print(sorted(m for m in ('httpx', 'requests', 'urllib3', 'asyncio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+# --- the first attempt's fast path and the general loop agree ---------------------------------------------
+
+
+class Scripted:
+    """An in-process exchange: each attempt answers with the next (status, reply) of a script."""
+
+    timeout = None
+
+    def __init__(self, p: ClientPolicy, script: list[tuple[int, Reply | None]]) -> None:
+        self.policy, self.script, self.headers = p, list(script), []  # type: list[str]
+
+    def send(self, header: str, timeout: float | None) -> tuple[int, Reply | None]:
+        self.headers.append(header)
+        return self.script.pop(0)
+
+    def judge(self, response: tuple[int, Reply | None]) -> Outcome:
+        status, reply = response
+        return judge_http(self.policy, status, {} if reply is None else {REPLY_HEADER: format_reply(reply)})
+
+    def judge_error(self, error: Exception) -> Outcome | None:
+        return None
+
+    def discard(self, response: object) -> None:
+        pass
+
+
+@needs_breakers
+@pytest.mark.parametrize("script", [
+    [(200, Reply(1))],                      # the callee spent one of the two forwarded
+    [(200, None)],                          # a callee that says nothing spent nothing of ours
+    [(503, Reply(2)), (200, Reply(2))],     # one retry, then the answer
+    [(503, Reply(0, True, "exhausted"))],   # a do-not-retry passed on
+    [(503, Reply(2))] * 3,                  # attempts used up
+])
+def test_the_fast_path_decides_as_the_general_loop_does(script: list[tuple[int, Reply | None]]) -> None:
+    # A breaker sends every call through the general loop (a generator over RetryState) from the first
+    # attempt; without one, the first attempt is made straight. Both must end the same way.
+    outcomes = []
+    for breaker in (None, BreakerPolicy(window_size=100, minimum_calls=100)):
+        p = policy(breaker=breaker, retry=RetryPolicy(attempts=3, backoff=NO_WAIT))
+        exchange = Scripted(p, script)
+        with askonce.question(budget=3), replies():
+            status, _ = Caller(p, store=MemoryStore(lambda: 0.0), clock=lambda: 0.0).call(exchange, target="t")
+            left = askonce.current()
+            outcomes.append((status, left.budget if left else None, last_reply(), exchange.headers))
+    assert outcomes[0][:3] == outcomes[1][:3]
+
+    def sent(headers: list[str]) -> list[tuple[int, str]]:  # what each attempt forwarded, and its path
+        return [(q.budget, str(q.path[-1])) for q in (wire.parse_question(h, 0.0) for h in headers)
+                if isinstance(q, Question)]
+
+    assert sent(outcomes[0][3]) == sent(outcomes[1][3]) and len(outcomes[0][3]) == len(outcomes[1][3])
+
+
+def test_an_interruption_during_the_first_attempt_fails_closed() -> None:
+    import asyncio
+
+    class Interrupted:
+        timeout = None
+
+        async def send(self, header: str, timeout: float | None) -> None:
+            raise asyncio.CancelledError  # e.g. the request's task cancelled while it waits for the answer
+
+        def judge(self, response: object) -> Outcome:
+            raise AssertionError
+
+        def judge_error(self, error: Exception) -> Outcome | None:
+            raise AssertionError("a cancellation is not a transport failure")
+
+        async def discard(self, response: object) -> None: ...
+
+    async def go() -> askonce.Question | None:
+        with askonce.question(budget=2):
+            with pytest.raises(asyncio.CancelledError):
+                await Caller(policy()).acall(Interrupted(), target="t")
+            return askonce.current()
+
+    left = asyncio.run(go())
+    assert left is not None and left.budget == 0  # forwarded, never answered: counted as spent
+
+
+# --- reading replies ---------------------------------------------------------------------------------------
+
+
+def test_replies_read_through_the_cache_are_what_the_parser_says() -> None:
+    from askonce import context
+    from askonce.client import read_reply, reply_from
+
+    values = ["v=1, b=2", "v=1, b=0, dnr, r=overloaded, pb=250", b"v=1, b=7", "v=1, b=1, dnr, r=cap"]
+    for _ in range(2):  # the second time from the cache
+        for value in values:
+            assert read_reply({REPLY_HEADER: value}) == context.extract_reply({REPLY_HEADER: value})
+            assert reply_from([value]) == context.extract_reply({REPLY_HEADER: value})
+    assert reply_from([]) is None and read_reply({}) is None
+
+
+@pytest.mark.parametrize(("values", "counted"), [
+    (["v=1, b=nope"], "malformed.reply.budget"),
+    (["v=1, b=1,"], "malformed.reply.syntax"),
+    (["v=2, b=1"], "malformed.reply.version"),
+    (["v=1, b=1", "v=1, b=1"], "malformed.reply.duplicate-header"),
+])
+def test_a_malformed_reply_is_counted_every_time_never_cached(values: list[str], counted: str) -> None:
+    from askonce.client import reply_from
+
+    before = askonce.stats().get(counted, 0)
+    for _ in range(3):
+        assert reply_from(values) is None
+    assert askonce.stats()[counted] == before + 3
+
+
+def test_the_reply_cache_is_bounded() -> None:
+    from askonce.client import _MAX_CACHED_REPLIES, _REPLIES, reply_from
+
+    for budget in range(1000):
+        assert reply_from([f"v=1, b={budget}, pb={budget}"]) == Reply(budget, False, None, budget / 1000)
+    long = "v=1, b=1000, dnr, r=" + "x" * 32 + ", pb=86400000"
+    assert len(long) > 64 and reply_from([long]) == Reply(1000, True, "x" * 32, 86_400.0)
+    assert len(_REPLIES) <= _MAX_CACHED_REPLIES and long not in _REPLIES
+
+
+# --- recording give-ups without a with-block ----------------------------------------------------------------
+
+
+def test_record_replies_starts_a_record_that_stop_recording_ends(target: Target) -> None:
+    from askonce.client import Record, record_replies, recording, stop_recording
+
+    outer = record_replies()
+    mine = Record()
+    inner = record_replies(mine)
+    assert recording() is mine
+    with askonce.question(budget=0):
+        status, _ = call(policy(), target.url("/fail"))
+    assert status == 503 and mine.last == Reply(0, True, "exhausted") and last_reply() == mine.last
+    stop_recording(inner)
+    assert recording() is not mine and last_reply() is None  # the outer record saw nothing
+    stop_recording(outer)

@@ -291,3 +291,34 @@ def test_the_per_target_key_is_configurable(target: Target) -> None:
     with httpx.Client(transport=transport) as client:
         client.get(target.url("/ok"))
     assert keys == ["billing"]
+
+
+def test_timeouts_go_out_as_they_came_until_the_question_has_less_time_left(target: Target) -> None:
+    sent: list[dict[str, float]] = []
+
+    class Recording(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            sent.append(dict(request.extensions["timeout"]))
+            return super().handle_request(request)
+
+    with askonce.question(budget=2, deadline=6.0) as q:
+        now = [q.deadline - 6.0]  # type: ignore[operator]  # the question's own clock, driven by the test
+
+        def sleep(seconds: float) -> None:
+            now[0] += 3.0  # the retry starts 3 s later
+
+        p = policy(retry=RetryPolicy(attempts=3, backoff=Backoff(base=0.001, cap=0.001)))
+        transport = AskonceTransport(Recording(), policy=p, clock=lambda: now[0], sleep=sleep)
+        with httpx.Client(transport=transport, timeout=5.0) as client:
+            assert client.get(target.url("/fail/1")).status_code == 200
+    assert sent == [{"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0},  # 6 s left: the client's own
+                    {"connect": 3.0, "read": 3.0, "write": 3.0, "pool": 3.0}]  # 3 s left: capped
+
+
+def test_the_target_is_not_computed_when_no_bucket_or_breaker_needs_it(target: Target) -> None:
+    def target_of(request: httpx.Request) -> str:
+        raise AssertionError("not needed without a bucket or a breaker")
+
+    transport = AskonceTransport(policy=policy(bucket=None, breaker=None), target=target_of)
+    with httpx.Client(transport=transport) as client:
+        assert client.get(target.url("/fail/1")).status_code == 200  # a retry too: still not needed

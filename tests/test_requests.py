@@ -161,3 +161,16 @@ def test_session_mounts_the_adapter_for_both_schemes() -> None:
 def test_default_target_is_the_origin() -> None:
     assert default_target(requests.Request("GET", "http://svc/x").prepare()) == "http://svc:80"
     assert default_target(requests.Request("GET", "https://svc:8443/x").prepare()) == "https://svc:8443"
+
+
+@pytest.mark.parametrize("bucket", [None, askonce.BucketPolicy()])
+def test_the_target_is_computed_only_for_a_bucket_or_breaker(bucket: Any, target: Target) -> None:
+    asked: list[str] = []
+
+    def target_of(request: requests.PreparedRequest) -> str:
+        asked.append(request.url or "")
+        return "billing"
+
+    with session(policy(bucket=bucket), target=target_of) as s:
+        assert s.get(target.url("/fail/1"), timeout=5.0).status_code == 200
+    assert len(asked) == (0 if bucket is None else 1)  # once per call, not per attempt

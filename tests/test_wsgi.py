@@ -314,3 +314,60 @@ def test_with_propagate_exceptions_the_give_up_escapes_flask_and_still_becomes_5
     assert r.headers[askonce.REPLY_HEADER] == "v=1, b=0, dnr, r=exhausted"
     with pytest.raises(RuntimeError):
         client.get("/boom", headers=question())  # anything else propagates as configured
+
+
+# --- signed edge keys -----------------------------------------------------------------------------------
+
+SECRET = b"0123456789abcdef0123"
+
+
+def test_edge_keys_are_checked_against_the_secret_with_a_thread_safe_ledger() -> None:
+    from askonce.ledger_store import MemoryLedger
+
+    ledger = MemoryLedger(LedgerPolicy(window=DAY))
+    app = AskonceWSGIMiddleware(bare, layer="target", ledger=ledger, edge_secret=SECRET)
+    before = askonce.stats().get("ledger.edge.unsigned", 0)
+    with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
+        for sig_with in (SECRET, b"someone else's secret key", None):
+            key = askonce.new_key()
+            sig = None if sig_with is None else askonce.signing.mac(key, sig_with)
+            value = wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("api", 1),), sig)
+            assert client.get("/x", headers={askonce.QUESTION_HEADER: value}).status_code == 200
+    op = ledger.report(time.time()).find("GET /x")
+    assert (op.arrivals, op.attributable, op.reminted_by) == (3, 1, {"~unsigned": 2})
+    assert askonce.stats()["ledger.edge.unsigned"] == before + 2
+
+
+def test_an_originator_signs_the_keys_it_mints() -> None:
+    def signed(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        q = askonce.current()
+        assert q is not None
+        start_response("200 OK", [("content-type", "application/json")])
+        return [flask.json.dumps({"key": q.key, "edge": q.edge, "sig": (q.sig or b"").hex()}).encode()]
+
+    app = AskonceWSGIMiddleware(signed, layer="edge", originator=True, edge_secret=[SECRET])
+    with running(app) as url:
+        got = httpx.get(url + "/x", timeout=5.0).json()
+    assert got["edge"] and askonce.signing.verify_key(got["key"], bytes.fromhex(got["sig"]), SECRET)
+
+
+def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
+    import gc
+
+    app = AskonceWSGIMiddleware(bare, layer="svc", ledger=Ledger(LedgerPolicy(window=DAY)))
+
+    def request(headers: dict[str, str]) -> None:
+        environ = werkzeug.test.EnvironBuilder(path="/x", headers=headers).get_environ()
+        body = app(environ, lambda status, headers, exc_info=None: lambda data: None)
+        list(body)
+        body.close()  # type: ignore[attr-defined]
+
+    request(question())
+    gc.collect()
+    gc.disable()
+    try:
+        for headers in (question(), {}, {askonce.QUESTION_HEADER: "v=1, k=nope"}):
+            request(headers)
+        assert gc.collect() == 0  # freed as the request ended, not left for a collection
+    finally:
+        gc.enable()

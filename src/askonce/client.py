@@ -11,6 +11,11 @@ yields the I/O it needs, so the sync and async callers share it line for line::
       failure:  on_failure -> Acquire (bucket) -> Wait (discard the response, sleep) -> resume
       give-up:  return the last response with the reply attached; with none, raise ``errors.error_for``
 
+Without a breaker, the first attempt runs straight (``Caller.call``: no generator, no state object; the
+core's ``fits`` and ``settle`` decide it, as ``RetryState.start`` and ``on_success`` would), and the loop
+takes over, with a ``RetryState`` holding what the first attempt forwarded, only if it did not answer.
+Most calls answer at once, and they are what the overhead is measured on.
+
 A returned give-up carries ``response.askonce_reply``, and every give-up is recorded for
 :func:`last_reply`: a server middleware reads it (inside :func:`replies`) to pass a downstream
 do-not-retry on even when the handler turned the downstream error into a response of its own.
@@ -23,19 +28,33 @@ import inspect
 import math
 import random as _random
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from askonce import context
+from askonce.context import _frame
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
-from askonce.core.question import Account, Tab
-from askonce.core.retry import ANSWERED, LOST, REFUSED, Acquire, Attempt, Failure, GiveUp, RetryPolicy, RetryState, Wait
-from askonce.core.wire import Reply, valid_name
+from askonce.core.question import Account, Hop, Tab
+from askonce.core.retry import (
+    ANSWERED,
+    LOST,
+    REFUSED,
+    Acquire,
+    Attempt,
+    Failure,
+    GiveUp,
+    RetryPolicy,
+    RetryState,
+    Wait,
+    fits,
+    settle,
+)
+from askonce.core.wire import REPLY_HEADER, Reply, format_question, valid_name
 from askonce.errors import CircuitOpen, error_for
 from askonce.stores.base import AsyncBreakerHandle, AsyncBucketHandle, AsyncStore, BreakerHandle, BucketHandle, Store
 
@@ -153,12 +172,72 @@ def judge_http(policy: ClientPolicy, status: int, headers: Any, wall: float | No
     ``headers``: any mapping with ``get`` (httpx, requests, ``email.message``). Everything else is the
     answer, even a 404: the target answered, and retrying would not change it.
     """
-    reply = context.extract_reply(headers)
+    return judge_reply(policy, status, read_reply(headers), headers, wall)
+
+
+def judge_reply(policy: ClientPolicy, status: int, reply: Reply | None, headers: Any,
+                wall: float | None = None) -> Outcome:
+    """:func:`judge_http` for a reply already read (``headers`` is read only for Retry-After)."""
     if status < 500 and status not in policy.retry_statuses and status not in policy.throttle_statuses:
-        return Outcome(None, reply, None if status >= 400 else True)
+        if status < 400:
+            return _ANSWERED_PLAIN if reply is None else Outcome(None, reply, True)
+        return Outcome(None, reply, None)
     retry_after = parse_retry_after(headers.get("retry-after"), wall)
     retryable = status in policy.retry_statuses or (status in policy.throttle_statuses and retry_after is not None)
     return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, False)
+
+
+_ANSWERED_PLAIN = Outcome(None, None, True)
+
+# Parsed replies by their raw value. A target answers the same few values (``v=1, b=2``) over and over,
+# and a Reply is immutable, so each is parsed once. Bounded: values longer than 64 characters, and any
+# value once 256 are kept, are parsed every time.
+_REPLIES: dict[str | bytes, Reply] = {}
+_MAX_CACHED_REPLIES = 256
+
+
+class _Raw:
+    """Raw ``askonce-reply`` values, as ``context.extract_reply`` reads them (two or more: malformed)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[str | bytes]) -> None:
+        self.values = values
+
+    def get_all(self, name: str) -> Sequence[str | bytes]:
+        return self.values
+
+
+def reply_from(values: Sequence[str | bytes]) -> Reply | None:
+    """The reply among a response's raw ``askonce-reply`` values; ``None`` if absent or malformed (counted).
+
+    What ``context.extract_reply`` returns for a header mapping holding ``values``, read from a cache for
+    the values seen before.
+    """
+    if len(values) == 1:
+        raw = values[0]
+        cached = _REPLIES.get(raw)
+        if cached is not None:
+            return cached
+        reply = context.extract_reply(_Raw(values))
+        if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
+            _REPLIES[raw] = reply
+        return reply
+    return None if not values else context.extract_reply(_Raw(values))
+
+
+def read_reply(headers: Any) -> Reply | None:
+    """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can be."""
+    raw = context._header(headers, REPLY_HEADER)
+    if raw is None:
+        return None
+    cached = _REPLIES.get(raw)
+    if cached is not None:
+        return cached
+    reply = context.extract_reply(headers)
+    if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
+        _REPLIES[raw] = reply
+    return reply
 
 
 def is_idempotent(policy: ClientPolicy, method: str, headers: Any) -> bool:
@@ -171,8 +250,20 @@ def is_idempotent(policy: ClientPolicy, method: str, headers: Any) -> bool:
 # --- passing give-ups upward -----------------------------------------------------------------------
 
 
-# A one-item list per replies() block: threads and tasks started inside copy the binding, not the list.
-_record: ContextVar[list[Reply | None] | None] = ContextVar("askonce.client.record", default=None)
+class Record:
+    """Where the give-ups of calls made inside one :func:`replies` block are written: the latest one.
+
+    One per block, bound in a context variable: threads and tasks started inside copy the binding, so
+    their give-ups land here too. A server integration may record into an object of its own (a subclass).
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self, last: Reply | None = None) -> None:
+        self.last = last  # the reply of the latest give-up
+
+
+_record: ContextVar[Record | None] = ContextVar("askonce.client.record", default=None)
 
 
 @contextmanager
@@ -181,11 +272,31 @@ def replies() -> Iterator[None]:
 
     A server middleware wraps each request in this and reads :func:`last_reply` before answering.
     """
-    token = _record.set([None])
+    token = record_replies()
     try:
         yield
     finally:
-        _record.reset(token)
+        stop_recording(token)
+
+
+def record_replies(record: Record | None = None) -> Token[Record | None]:
+    """Start recording give-ups in the current context, as entering :func:`replies` does, without a block.
+
+    For a server that cannot wrap a request in ``with``: hand the token to :func:`stop_recording` when the
+    request is done, or drop it when the context is the request's own and is thrown away with it.
+    ``record``: where to record (a fresh :class:`Record` if not given).
+    """
+    return _record.set(Record() if record is None else record)
+
+
+def stop_recording(token: Token[Record | None]) -> None:
+    """End what :func:`record_replies` started: the record in place before it is back."""
+    _record.reset(token)
+
+
+def recording() -> Record | None:
+    """The record give-ups are written to now: the innermost :func:`replies` block's, or ``None``."""
+    return _record.get()
 
 
 def last_reply() -> Reply | None:
@@ -194,15 +305,15 @@ def last_reply() -> Reply | None:
     Outside any ``replies()`` block: the latest give-up made in this very context (thread or task).
     """
     record = _record.get()
-    return None if record is None else record[0]
+    return None if record is None else record.last
 
 
 def _note(reply: Reply) -> None:
     record = _record.get()
     if record is None:
-        _record.set([reply])
+        _record.set(Record(reply))
     else:
-        record[0] = reply
+        record.last = reply
 
 
 def _attach(response: object, reply: Reply) -> None:
@@ -269,51 +380,120 @@ def _raise(state: RetryState, breaker: Any, give_up: GiveUp, last: BaseException
     return err
 
 
-def _flow(caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str, idempotent: bool,
-          sleep: Callable[[float], object]) -> Generator[Step, object, R]:
-    """One call, as a generator that does no I/O itself: it yields :data:`Step` thunks and receives their
-    results (or has their exceptions thrown in), so the sync and async callers share every line of it."""
-    policy, clock = caller.policy, caller.clock
-    frame = context.current_frame()
-    if frame is None:  # each call with nothing bound is a question of its own
-        retry = policy.retry
-        deadline = None if retry.deadline is None else clock() + retry.deadline
-        frame = Tab(context.new_key(), policy.layer, policy.originator, Account(retry.budget), deadline), ()
-    tab, path = frame
-    bucket: BucketHandle | AsyncBucketHandle | None = (
-        None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
-    breaker: BreakerHandle | AsyncBreakerHandle | None = (
-        None if caller._breakers is None or policy.breaker is None else caller._breakers(target, policy.breaker))
-    state = RetryState(caller._policies[idempotent], tab, policy.layer, bucket is not None)
-    if bucket is not None:
-        bucket.deposit()
-    action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
-    last: BaseException | None = None
-    while True:
-        if type(action) is not Attempt:
-            raise _raise(state, breaker, cast(GiveUp, action), last)
-        now = started = clock()
-        if breaker is not None and not (yield partial(breaker.allow, now)):
-            raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
-        # The attempt waits no longer than its own timeout, the policy's, and the question's deadline.
-        limits = [t for t in (exchange.timeout, policy.attempt_timeout) if t is not None]
-        if tab.deadline is not None:
-            limits.append(max(0.0, tab.deadline - now))
-        limit = min(limits) if limits else None
-        header = context.question_header((tab, (*path, action.hop)), now, limit, state.forward())
-        response: R | None = None
-        try:
-            response = cast(R, (yield partial(exchange.send, header, limit)))
-        except BaseException as exc:
-            outcome = exchange.judge_error(exc) if isinstance(exc, Exception) else None
-            if outcome is None:  # not a transport failure: settle as lost (fail closed), pass it on
-                state.on_failure(Failure(retryable=False, delivery=LOST), clock(), 0.0)
-                if breaker is not None and not isinstance(exc, GeneratorExit):
-                    yield partial(breaker.release, clock())
-                raise
-            last = exc
+class _Call:
+    """One call's setup, shared by the first-attempt fast path and the general loop (``_flow``)."""
+
+    __slots__ = ("bucket", "exchange", "first", "idempotent", "path", "tab", "target")
+
+    def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str, idempotent: bool,
+                 now: float) -> None:
+        policy = caller.policy
+        frame = _frame.get()
+        if frame is None:  # each call with nothing bound is a question of its own
+            retry = policy.retry
+            self.tab = Tab(context.new_key(), policy.layer, policy.originator, Account(retry.budget),
+                           None if retry.deadline is None else now + retry.deadline)
+            self.path: tuple[Hop, ...] = ()
         else:
-            outcome, last = exchange.judge(response), None
+            self.tab, self.path = frame
+        self.exchange = exchange
+        self.target = target
+        self.idempotent = idempotent
+        self.first = self.path + caller._first
+        self.bucket: BucketHandle | AsyncBucketHandle | None = (
+            None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
+        if self.bucket is not None:
+            self.bucket.deposit()
+
+    def limit(self, policy: ClientPolicy, now: float) -> float | None:
+        """An attempt waits no longer than its own timeout, the policy's, and the question's deadline."""
+        limit = self.exchange.timeout
+        cap = policy.attempt_timeout
+        if cap is not None and (limit is None or cap < limit):
+            limit = cap
+        deadline = self.tab.deadline
+        if deadline is not None:
+            left = max(0.0, deadline - now)
+            if limit is None or left < limit:
+                limit = left
+        return limit
+
+    def state(self, caller: Caller, held: int) -> RetryState:
+        """The core's state of this call after a first attempt sent with ``held`` forwarded."""
+        state = RetryState(caller._policies[self.idempotent], self.tab, caller.policy.layer, self.bucket is not None)
+        state.held = held  # what state.forward() would have held
+        return state
+
+    def failed(self, caller: Caller, held: int, exc: BaseException) -> _First | None:
+        """The fast first attempt raised: where the general loop goes on from, or ``None`` to re-raise.
+
+        What is not a transport failure is settled as sent-and-lost (fail closed), as ``_flow`` does.
+        """
+        outcome = self.exchange.judge_error(exc) if isinstance(exc, Exception) else None
+        state = self.state(caller, held)
+        if outcome is None:
+            state.on_failure(Failure(retryable=False, delivery=LOST), caller.clock(), 0.0)
+            return None
+        return _First(state, None, outcome, exc)
+
+    def answered(self, caller: Caller, held: int, response: Any) -> _First | None:
+        """The fast first attempt came back: ``None`` if it is the answer (settled), else where to go on."""
+        outcome = self.exchange.judge(response)
+        if outcome.failure is None:
+            settle(self.tab.account, held, ANSWERED, outcome.reply)  # what RetryState.on_success settles
+            return None
+        return _First(self.state(caller, held), response, outcome, None)
+
+
+class _First(NamedTuple):
+    """The first attempt as the fast path made it, handed to the general loop when it did not answer."""
+
+    state: RetryState
+    response: Any
+    outcome: Outcome
+    last: BaseException | None
+
+
+def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
+          first: _First | None = None) -> Generator[Step, object, Any]:
+    """One call, as a generator that does no I/O itself: it yields :data:`Step` thunks and receives their
+    results (or has their exceptions thrown in), so the sync and async callers share every line of it.
+
+    ``first``: the first attempt, already made by the fast path (no breaker), that did not answer."""
+    policy, clock, exchange, bucket = caller.policy, caller.clock, call.exchange, call.bucket
+    breaker: BreakerHandle | AsyncBreakerHandle | None = (
+        None if caller._breakers is None or policy.breaker is None else caller._breakers(call.target, policy.breaker))
+    started = 0.0
+    response: Any = None
+    if first is None:
+        state = call.state(caller, 0)
+        action: Attempt | Wait | Acquire | GiveUp = state.start(clock())
+        last: BaseException | None = None
+    else:
+        state, response, outcome, last = first
+    while True:
+        if first is None:
+            if type(action) is not Attempt:
+                raise _raise(state, breaker, cast(GiveUp, action), last)
+            now = started = clock()
+            if breaker is not None and not (yield partial(breaker.allow, now)):
+                raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
+            limit = call.limit(policy, now)
+            header = context.question_header((call.tab, (*call.path, action.hop)), now, limit, state.forward())
+            response = None
+            try:
+                response = yield partial(exchange.send, header, limit)
+            except BaseException as exc:
+                judged = exchange.judge_error(exc) if isinstance(exc, Exception) else None
+                if judged is None:  # not a transport failure: settle as lost (fail closed), pass it on
+                    state.on_failure(Failure(retryable=False, delivery=LOST), clock(), 0.0)
+                    if breaker is not None and not isinstance(exc, GeneratorExit):
+                        yield partial(breaker.release, clock())
+                    raise
+                outcome, last = judged, exc
+            else:
+                outcome, last = exchange.judge(response), None
+        first = None
         now = clock()
         if breaker is not None:
             if outcome.health is None:
@@ -322,7 +502,7 @@ def _flow(caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                 yield partial(breaker.record, now, success=outcome.health, duration=now - started)
         if outcome.failure is None:
             state.on_success(outcome.reply, ANSWERED)
-            return cast(R, response)
+            return response
         action = state.on_failure(outcome.failure, now, caller.random())
         if type(action) is Acquire:
             action = state.acquired(bucket is not None and bool((yield partial(bucket.withdraw, now))), now)
@@ -345,9 +525,11 @@ class Caller:
     ``store``: where per-target buckets and breakers live (the process's memory store by default);
     ``clock``, ``sleep``, ``random``: injectable for tests and simulation. ``sleep`` may return an
     awaitable in the async form (the default there is ``asyncio.sleep``).
+
+    ``per_target``: whether calls need their ``target`` at all (a bucket or a breaker is configured).
     """
 
-    __slots__ = ("_breakers", "_policies", "_sleep", "clock", "policy", "random", "store")
+    __slots__ = ("_breakers", "_first", "_policies", "_sleep", "clock", "per_target", "policy", "random", "store")
 
     def __init__(
         self,
@@ -375,36 +557,87 @@ class Caller:
                 raise ValueError(f"breaker= needs a store with circuit breakers; {type(self.store).__name__} has none")
         # Indexed by the request's idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
+        self._first = (Hop(policy.layer, 1),)
+        self.per_target = policy.bucket is not None or policy.breaker is not None  # else any target will do
+
+    def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
+               idempotent: bool) -> tuple[_Call, float | None, int, str] | _Call:
+        """Set a call up; with the fast path open, also the first attempt's limit, held budget and header."""
+        now = self.clock()
+        call = _Call(self, exchange, target, idempotent, now)
+        if self._breakers is not None or not fits(self.policy.retry, call.tab.deadline, now):
+            return call  # the general loop from the start: the breaker, or the give-up, is the core's to decide
+        limit = call.limit(self.policy, now)
+        account = call.tab.account
+        held = account.hold(account.left)  # what RetryState.forward() holds
+        tab = call.tab  # the limit already holds the deadline: what context.question_header would send
+        return call, limit, held, format_question(tab.key, tab.origin, tab.edge, held, limit, call.first, tab.sig)
 
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
         """Run one call to ``target`` (the key of its bucket and breaker) until answered or given up."""
-        flow = _flow(self, exchange, target, idempotent, self._sleep or time.sleep)
-        value: object = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as done:
-                return cast(R, done.value)
-            try:
-                value, error = _now(step()), None
-            except BaseException as exc:
-                value, error = None, exc
+        sleep = self._sleep or time.sleep
+        started = self._start(exchange, target, idempotent)
+        if type(started) is _Call:
+            return cast(R, _drive(_flow(self, started, sleep)))
+        call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
+        try:
+            response = exchange.send(header, limit)
+        except BaseException as exc:
+            first = call.failed(self, held, exc)
+            if first is None:
+                raise
+        else:
+            first = call.answered(self, held, response)
+            if first is None:
+                return response
+        return cast(R, _drive(_flow(self, call, sleep, first)))
 
     async def acall(self, exchange: AsyncExchange[R], *, target: str, idempotent: bool = True) -> R:
         """The async form of :meth:`call`; the store's handles may be sync or async."""
         import asyncio  # only for async clients: `import askonce.client` stays asyncio-free
 
-        flow = _flow(self, exchange, target, idempotent, self._sleep or asyncio.sleep)
-        value: object = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as done:
-                return cast(R, done.value)
-            try:
-                result = step()
-                value, error = (await result if inspect.isawaitable(result) else result), None
-            except BaseException as exc:
-                value, error = None, exc
+        sleep = self._sleep or asyncio.sleep
+        started = self._start(exchange, target, idempotent)
+        if type(started) is _Call:
+            return cast(R, await _adrive(_flow(self, started, sleep)))
+        call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
+        try:
+            response = await exchange.send(header, limit)
+        except BaseException as exc:
+            first = call.failed(self, held, exc)
+            if first is None:
+                raise
+        else:
+            first = call.answered(self, held, response)
+            if first is None:
+                return response
+        return cast(R, await _adrive(_flow(self, call, sleep, first)))
+
+
+def _drive(flow: Generator[Step, object, Any]) -> Any:
+    value: object = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as done:
+            return done.value
+        try:
+            value, error = _now(step()), None
+        except BaseException as exc:
+            value, error = None, exc
+
+
+async def _adrive(flow: Generator[Step, object, Any]) -> Any:
+    value: object = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as done:
+            return done.value
+        try:
+            result = step()
+            value, error = (await result if inspect.isawaitable(result) else result), None
+        except BaseException as exc:
+            value, error = None, exc

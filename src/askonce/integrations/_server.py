@@ -28,15 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 from askonce import context
-from askonce.client import _record as _replies
-from askonce.client import last_reply
+from askonce.client import Record, record_replies, recording, stop_recording
 from askonce.context import Serving, _frame
 from askonce.core import wire
+from askonce.core.question import Account, Question, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
 
@@ -44,10 +43,16 @@ UNMATCHED = "~unmatched"
 UNKNOWN = "~unknown"
 _MAX_OPERATION_CHARS = 160
 
+UNSIGNED = "~unsigned"
+
 # The core ledger is not thread-safe; every server integration in the process records under this lock
 # (uncontended it costs well under a microsecond). Code that reads reports from the same ledger while
-# requests are served takes it too.
+# requests are served takes it too. A ledger that says ``thread_safe = True`` (the shells in
+# ``askonce.ledger_store``) is called without it: it has locks of its own, and a Redis ledger's record
+# may wait on a round trip that must not hold up every other request of the process.
 LEDGER_LOCK = threading.Lock()
+
+Secret = bytes | str
 
 
 class LedgerLike(Protocol):
@@ -65,6 +70,10 @@ class ServerOptions:
     ``budget``/``deadline`` apply only to questions this layer mints (nothing usable arrived);
     ``originator=True`` mints attributable edge keys, otherwise local keys. ``principal`` and
     ``operation`` are called with the framework's request object (ASGI scope, WSGI environ, ...).
+    ``edge_secret``: the originators' shared secret (or several, newest first, while rotating): an
+    arrival that says ``e`` without a signature that verifies (``askonce.signing``) is recorded by the
+    ledger as not attributable, re-minted by origin ``"~unsigned"``, and counted as
+    ``ledger.edge.unsigned``; an originator layer signs the keys it mints with the first secret.
     """
 
     layer: str
@@ -76,6 +85,7 @@ class ServerOptions:
     principal: Callable[[Any], str] | None = None
     operation: Callable[[Any], str] | None = None
     shed_deadline: bool = True
+    edge_secret: Secret | Sequence[Secret] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not wire.valid_name(self.layer):
@@ -97,6 +107,19 @@ class ServerOptions:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ValueError(f"{name} must be a callable taking the request, got {value!r}")
+        secret = self.edge_secret
+        if secret is not None:
+            if not isinstance(secret, str | bytes):
+                if not isinstance(secret, Sequence):
+                    raise ValueError(f"edge_secret must be bytes, str or a sequence of them, got {secret!r}")
+                secret = tuple(cast(Sequence[Secret], secret))
+                object.__setattr__(self, "edge_secret", secret)
+            from askonce.signing import verify_key  # hmac loads only when keys are signed
+
+            try:
+                verify_key("", None, secret)  # refuses a secret that is too short, or an empty sequence
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"edge_secret: {exc}") from None
 
 
 class Answer(NamedTuple):
@@ -134,12 +157,18 @@ class PassedOn(Exception):
         self.askonce_reply = reply
 
 
-class Arrival:
-    """One request at this layer: the bound question, how it came, and what was decided before the app."""
+class Arrival(Record):
+    """One request at this layer: the bound question, how it came, and what was decided before the app.
 
-    __slots__ = ("_noted", "answer", "deadline", "malformed", "serving")
+    It is also where the give-ups of the calls the app makes are recorded (``askonce.client.replies``):
+    one context variable for both, set once per request.
+    """
+
+    __slots__ = ("_noted", "_tokens", "answer", "deadline", "malformed", "serving")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
+        self.last = None
+        self._tokens: tuple[Any, ...] = ()
         self.serving = serving
         self.malformed = malformed
         # Only a deadline that came with the request bounds the handler; a minted one bounds retries.
@@ -157,7 +186,7 @@ class Arrival:
         """
         if self._noted is not None:
             return self._noted
-        passed = last_reply()
+        passed = self.last
         return PassedOn(passed) if passed is not None and passed.dnr else None
 
     def reply(self, failed: bool = False) -> Reply:
@@ -171,11 +200,17 @@ class Arrival:
                 return _PLAIN_REPLIES[left]  # every response carries one: skip formatting the usual ones
         return self.serving.reply_header(self._noted)
 
+    def reply_bytes(self) -> bytes:
+        """:meth:`reply_header`, encoded for a header list of bytes (ASGI)."""
+        if self._noted is None:
+            left = self.serving.tab.account.left
+            if 0 <= left < len(_PLAIN_REPLY_BYTES):
+                return _PLAIN_REPLY_BYTES[left]
+        return self.serving.reply_header(self._noted).encode("ascii")
+
 
 _PLAIN_REPLIES = tuple(wire.format_reply(Reply(left)) for left in range(65))
-
-
-_arrival: ContextVar[Arrival | None] = ContextVar("askonce.server.arrival", default=None)
+_PLAIN_REPLY_BYTES = tuple(reply.encode("ascii") for reply in _PLAIN_REPLIES)
 
 
 def note_failure(exc: BaseException) -> None:
@@ -184,8 +219,8 @@ def note_failure(exc: BaseException) -> None:
     For frameworks that convert exceptions into their own error response inside the app (Flask's
     ``got_request_exception``, Django's signal of the same name). Outside a request: does nothing.
     """
-    arrival = _arrival.get()
-    if arrival is not None and arrival._noted is None:
+    arrival = recording()
+    if isinstance(arrival, Arrival) and arrival._noted is None:
         arrival._noted = exc
 
 
@@ -204,10 +239,72 @@ class _Values:
 class Server:
     """The framework-free half of a server middleware; see the module docstring."""
 
-    __slots__ = ("options",)
+    __slots__ = ("_lock", "_mint_secret", "_verify", "options")
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        ledger = options.ledger
+        self._lock = None if ledger is None or getattr(ledger, "thread_safe", False) is True else LEDGER_LOCK
+        secret = options.edge_secret
+        self._mint_secret: Secret | None = None
+        self._verify: Callable[[str, bytes | None], bool] | None = None
+        if secret is not None:
+            from askonce.signing import verify_key
+
+            first = secret if isinstance(secret, str | bytes) else secret[0]
+            self._mint_secret = first if options.originator else None
+            self._verify = lambda key, sig: verify_key(key, sig, secret)
+
+    def open(self, values: Sequence[str | bytes], request: Any, route: Callable[[Any], str]) -> Arrival:
+        """Extract or mint and bind the question; decide whether the app may run. :meth:`close` unbinds.
+
+        What :meth:`arrive` does, without a generator: ``askonce.client.replies()`` and
+        ``askonce.context.serve()`` spelled out, because this runs for every request and each
+        generator-based context manager costs a microsecond or more there. The arrival itself is
+        the record of the app's give-ups.
+        """
+        o = self.options
+        now = context.monotonic()
+        q: Question | None = None
+        if len(values) == 1:  # context.extract, spelled out for the usual case
+            parsed = wire.parse_question(values[0], now, o.limits)
+            if type(parsed) is Question:
+                q = parsed
+            else:
+                context.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
+        elif values:
+            q = context.extract(_Values(values), limits=o.limits, now=now)  # duplicates: malformed, counted there
+        if q is not None:
+            tab, path = context.tab_from(q), q.path
+        else:  # as context.serve mints: a local key, or an edge key (signed) at an originator; lazily
+            limits = o.limits
+            tab = Tab(None, o.layer, o.originator, Account(min(o.budget, limits.max_budget)),
+                      None if o.deadline is None else now + min(o.deadline, limits.max_deadline),
+                      minter=context.new_key)
+            if self._mint_secret is not None:
+                from askonce.signing import mac
+
+                tab.sig = mac(tab.key, self._mint_secret)
+            path = ()
+        arrival = Arrival(Serving(tab, q is None), bool(values) and q is None)
+        arrival._tokens = (_frame.set((tab, path)), record_replies(arrival))
+        try:
+            if o.ledger is not None and not self._record(arrival, request, route):
+                context.count("server.refused.cap")
+                arrival.answer = Answer(429, Reply(tab.account.left, True, "cap"))
+            elif o.shed_deadline and arrival.deadline is not None and arrival.deadline <= context.monotonic():
+                context.count("server.shed.deadline")
+                arrival.answer = self.deadline_answer(arrival)
+        except BaseException:
+            self.close(arrival)
+            raise
+        return arrival
+
+    def close(self, arrival: Arrival) -> None:
+        """Unbind what :meth:`open` bound (in the same context)."""
+        frame, record = arrival._tokens
+        stop_recording(record)
+        _frame.reset(frame)
 
     @contextmanager
     def arrive(self, values: Sequence[str | bytes], request: Any,
@@ -217,60 +314,50 @@ class Server:
         ``values``: the raw ``askonce-question`` header values; ``route``: the operation name when no
         ``operation`` callable is configured (called only when a ledger is wired).
         """
-        o = self.options
-        # askonce.client.replies(), spelled out: this runs for every request, and a second generator-based
-        # context manager costs a microsecond.
-        record = _replies.set([None])
+        arrival = self.open(values, request, route)
         try:
-            with context.serve(_Values(values), layer=o.layer, originator=o.originator, budget=o.budget,
-                               deadline=o.deadline, limits=o.limits) as serving:
-                arrival = Arrival(serving, bool(values) and serving.minted)
-                token = _arrival.set(arrival)
-                try:
-                    if o.ledger is not None and not self._record(arrival, request, route):
-                        context.count("server.refused.cap")
-                        arrival.answer = Answer(429, Reply(serving.tab.account.left, True, "cap"))
-                    elif (o.shed_deadline and arrival.deadline is not None
-                          and arrival.deadline <= context.monotonic()):
-                        context.count("server.shed.deadline")
-                        arrival.answer = self.deadline_answer(arrival)
-                    yield arrival
-                finally:
-                    _arrival.reset(token)
+            yield arrival
         finally:
-            _replies.reset(record)
+            self.close(arrival)
 
     def enter(self, values: Sequence[str | bytes], request: Any, route: Callable[[Any], str]) -> Arrival:
-        """:meth:`arrive` for a caller that runs each request in a ``contextvars.Context`` of its own.
+        """:meth:`open` for a caller that runs each request in a ``contextvars.Context`` of its own.
 
         The question stays bound in the current context with nothing to unwind: the context is thrown
         away with the request. (A binding held open across calls would be unwound by the garbage
         collector, in whatever context it runs, if a server forgot to close the response.)
         """
-        with self.arrive(values, request, route) as arrival:
-            frame, record = context.current_frame(), _replies.get()
-        _frame.set(frame)
-        _arrival.set(arrival)
-        _replies.set(record)
+        arrival = self.open(values, request, route)
+        arrival._tokens = ()  # nothing to reset; and a token refers to the context, which refers to the arrival
         return arrival
 
     def _record(self, arrival: Arrival, request: Any, route: Callable[[Any], str]) -> bool:
         o = self.options
-        assert o.ledger is not None
+        ledger = o.ledger
+        assert ledger is not None
         operation = _call(o.operation or route, request, "operation")
         principal = "" if o.principal is None else _call(o.principal, request, "principal")
         tab = arrival.serving.tab
         frame = context.current_frame()
-        arrived = not arrival.serving.minted and frame is not None
         now = time.time()  # the ledger's windows are on the wall clock, shared by replicas
+        lock = self._lock
         try:
-            with LEDGER_LOCK:
-                if not arrived:  # nothing usable came: the arrival is unkeyed (or malformed), whatever we minted
-                    return o.ledger.record(now, operation, key=None, principal=principal,
-                                           malformed=arrival.malformed)
-                assert frame is not None
-                return o.ledger.record(now, operation, key=tab.key, edge=tab.edge, origin=tab.origin,
-                                       path=frame[1], principal=principal)
+            if arrival.serving.minted or frame is None:
+                # nothing usable came: the arrival is unkeyed (or malformed), whatever we minted
+                if lock is None:
+                    return ledger.record(now, operation, key=None, principal=principal, malformed=arrival.malformed)
+                with lock:
+                    return ledger.record(now, operation, key=None, principal=principal, malformed=arrival.malformed)
+            edge, origin = tab.edge, tab.origin
+            if edge and self._verify is not None and not self._verify(tab.key, tab.sig):
+                context.count("ledger.edge.unsigned")
+                edge, origin = False, UNSIGNED
+            if lock is None:
+                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin, path=frame[1],
+                                     principal=principal)
+            with lock:
+                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin, path=frame[1],
+                                     principal=principal)
         except Exception:  # a failing ledger must never fail the request: let it through, visibly
             context.count("server.ledger.error")
             return True

@@ -17,6 +17,13 @@ Per HTTP request (other scope types pass through untouched) it does what :mod:`.
   for the task. With ``Expect: 100-continue`` the watcher waits until the app has read once, so the
   app still decides whether the body is sent.
 
+Neither costs a timer per request: the running requests of an event loop wait in one queue, in arrival
+order, visited by one timer (``_Sweep``) at most every ``SWEEP_EVERY`` seconds. A request still running
+when visited, ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it started, gets its
+watcher, and a timer for its deadline; a deadline nearer than that gets its timer at once. So the
+deadline is kept to the same instant as with a timer per request, and most requests, done in a few
+milliseconds, never make one.
+
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
 cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the framework
 runs in a thread pool cannot be stopped: its caller gets the 503 at the deadline, the thread runs on.
@@ -25,7 +32,11 @@ runs in a thread pool cannot be stopped: its caller gets the 503 at the deadline
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+import contextvars
+import threading
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from askonce import context
@@ -36,6 +47,7 @@ from askonce.integrations._server import (
     Answer,
     Arrival,
     LedgerLike,
+    Secret,
     Server,
     ServerOptions,
     note_failure,
@@ -52,8 +64,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _QUESTION = b"askonce-question"
 _REPLY = b"askonce-reply"
+_EXPECT = b"expect"
 _MAX_DEPTH = 8  # mounts and wrapping middlewares followed when looking for the route table
 WATCH_AFTER = 0.05  # seconds before a running request's disconnect watcher starts
+SWEEP_EVERY = 0.01  # the most often the running requests of one event loop are visited
 
 
 class AskonceASGIMiddleware:
@@ -65,7 +79,9 @@ class AskonceASGIMiddleware:
     429). ``principal(scope) -> str``: the tenant keys are scoped to. ``operation(scope) -> str``: the
     ledger's operation name (default: method and route template, e.g. ``"GET /items/{item_id}"``).
     ``shed_deadline``: refuse arrivals past their deadline and cancel handlers at it.
-    ``cancel_on_disconnect``: cancel the handler when the client goes away.
+    ``cancel_on_disconnect``: cancel the handler when the client goes away. ``edge_secret``: the
+    originators' secret (or several, newest first): with a ledger, an edge key whose signature does not
+    verify is recorded as not attributable (origin ``"~unsigned"``); an originator signs what it mints.
     """
 
     def __init__(
@@ -82,6 +98,7 @@ class AskonceASGIMiddleware:
         operation: Callable[[Scope], str] | None = None,
         shed_deadline: bool = True,
         cancel_on_disconnect: bool = True,
+        edge_secret: Secret | Sequence[Secret] | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be an ASGI application, got {app!r}")
@@ -90,20 +107,65 @@ class AskonceASGIMiddleware:
         self.app = app
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline,
+            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
         ))  # fmt: skip
         self.cancel_on_disconnect = cancel_on_disconnect
+        self._timed = shed_deadline or cancel_on_disconnect
+        self._sweep: tuple[Callable[[], object], _Sweep | None] = (lambda: None, None)  # (loop ref, its sweep)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        values = [v for k, v in scope.get("headers", ()) if k == _QUESTION]
-        with self.server.arrive(values, scope, self.route) as arrival:
+        values: list[bytes] = []
+        expect = False
+        for k, v in scope.get("headers", ()):
+            if k == _QUESTION:
+                values.append(v)
+            elif k == _EXPECT and v.lower() == b"100-continue":
+                expect = True
+        server = self.server
+        arrival = server.open(values, scope, self.route)
+        try:
             if arrival.answer is not None:
                 await _send_answer(send, arrival.answer)
                 return
-            await _Exchange(self, arrival, receive, send).run(scope)
+            ex = _Exchange(self, arrival, receive, send)
+            if self._timed:
+                receive = ex.start(expect)
+            ex.running = True
+            try:
+                await self.app(scope, receive, ex.send)
+            except asyncio.CancelledError:
+                if not ex.finish():
+                    raise
+                context.count(f"server.cancelled.{ex.reason}")
+                if ex.reason == "deadline" and not ex.started:
+                    await _send_answer(send, server.deadline_answer(arrival))
+                return  # after a disconnect there is nobody to answer
+            except Exception as exc:
+                ex.finish()
+                answer = server.failure(arrival, exc)
+                if answer is None or ex.started:
+                    raise
+                await _send_answer(send, answer)
+                return
+            except BaseException:
+                ex.finish()
+                raise
+            if ex.finish() and ex.reason == "deadline" and not ex.started:
+                # the app swallowed the cancellation and returned without answering: answer for it
+                await _send_answer(send, server.deadline_answer(arrival))
+        finally:
+            server.close(arrival)
+
+    def sweep(self, loop: asyncio.AbstractEventLoop) -> _Sweep:
+        """The running requests of ``loop`` (one queue per loop, shared by every middleware on it)."""
+        ref, sweep = self._sweep
+        if ref() is not loop or sweep is None:
+            sweep = _sweep_of(loop)
+            self._sweep = (weakref.ref(loop), sweep)  # one assignment: threads with loops of their own may race
+        return sweep
 
     def route(self, scope: Scope) -> str:
         """The default operation name: the method and the route template the app will match."""
@@ -114,66 +176,114 @@ class AskonceASGIMiddleware:
         return f"{method} {_match(routes, scope, '', 0) or UNMATCHED}"
 
 
-class _Exchange:
-    """One request while the app runs: the wrapped send and receive, and the cancellation."""
+class _Sweep:
+    """The running requests of one event loop, in arrival order, visited by one timer (module docstring).
 
-    __slots__ = ("arrival", "completed", "deferred", "gone", "mw", "only_ours", "pump", "queue", "reading",
-                 "reason", "receive_", "replaced", "running", "send_", "started", "task", "timer",
-                 "watcher")  # fmt: skip
+    It holds the requests weakly and no handle of the loop, so that a loop stopped with requests still
+    queued (a test's) can be collected, and with it this entry of ``_sweeps``.
+    """
+
+    __slots__ = ("armed", "context", "due")
+
+    def __init__(self) -> None:
+        self.due: deque[tuple[float, weakref.ref[_Exchange]]] = deque()
+        self.armed = False
+        # The timer runs in a context of its own, not in that of the request that happened to arm it (which it
+        # would keep alive from visit to visit); the watcher tasks it starts need none of a request's variables.
+        self.context = contextvars.Context()
+
+    def add(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
+        """Visit ``exchange`` ``WATCH_AFTER`` seconds from now (or up to ``SWEEP_EVERY`` later)."""
+        at = loop.time() + WATCH_AFTER
+        self.due.append((at, weakref.ref(exchange)))
+        if not self.armed:
+            self.armed = True
+            loop.call_at(at, self.visit, loop, context=self.context)
+
+    def visit(self, loop: asyncio.AbstractEventLoop) -> None:
+        due, now = self.due, loop.time()
+        try:
+            while due and due[0][0] <= now:
+                exchange = due.popleft()[1]()
+                if exchange is not None:
+                    exchange.visited(loop)
+        finally:  # whatever happened to one request, the others are still visited
+            if due:
+                loop.call_at(max(due[0][0], now + SWEEP_EVERY), self.visit, loop, context=self.context)
+            else:
+                self.armed = False
+
+
+_sweeps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweep] = weakref.WeakKeyDictionary()
+_sweeps_lock = threading.Lock()
+
+
+def _sweep_of(loop: asyncio.AbstractEventLoop) -> _Sweep:
+    with _sweeps_lock:
+        sweep = _sweeps.get(loop)
+        if sweep is None:
+            sweep = _sweeps[loop] = _Sweep()
+        return sweep
+
+
+class _Exchange:
+    """One request while the app runs: the wrapped send and receive, and the cancellation.
+
+    Most of its state is a class attribute until set: a request that answers at once sets few of them.
+    """
+
+    started = completed = running = gone = only_ours = reading = deferred = watching = timing = False
+    reason: str | None = None
+    replaced: Answer | None = None
+    task: asyncio.Task[Any] | None = None
+    timer: asyncio.TimerHandle | None = None
+    pump: asyncio.Task[None] | None = None
+    queue: asyncio.Queue[Message] | None = None
 
     def __init__(self, mw: AskonceASGIMiddleware, arrival: Arrival, receive: Receive, send: Send) -> None:
         self.mw = mw
         self.arrival = arrival
         self.receive_ = receive
         self.send_ = send
-        self.started = self.completed = self.running = self.gone = self.only_ours = False
-        self.reading = self.deferred = False
-        self.reason: str | None = None
-        self.replaced: Answer | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.watcher: asyncio.TimerHandle | None = None
-        self.pump: asyncio.Task[None] | None = None
-        self.queue: asyncio.Queue[Message] | None = None
 
-    async def run(self, scope: Scope) -> None:
-        mw, arrival = self.mw, self.arrival
+    def start(self, expect: bool) -> Receive:
+        """Arrange the deadline and the disconnect watch; the ``receive`` to give the app."""
+        mw, receive = self.mw, self.receive_
         self.task = asyncio.current_task()
-        receive = self.receive_
         if self.task is not None:
-            loop = asyncio.get_running_loop()
-            if mw.server.options.shed_deadline and arrival.deadline is not None:
-                delay = max(0.0, arrival.deadline - context.monotonic())
-                self.timer = loop.call_later(delay, self.cancel, "deadline")
+            loop = self.task.get_loop()
+            deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
+            if deadline is not None:
+                if deadline - context.monotonic() <= WATCH_AFTER + SWEEP_EVERY:
+                    self.arm(loop)  # sooner than the sweep would come by: a timer of its own now
+                else:
+                    self.timing = True
             if mw.cancel_on_disconnect:
                 receive = self.app_receive
-                if _expects_continue(scope):
+                if expect:
                     self.deferred = True  # the watcher is armed after the app's first read
                 else:
-                    self.watcher = loop.call_later(WATCH_AFTER, self.watch)
-        self.running = True
-        try:
-            await mw.app(scope, receive, self.send)
-        except asyncio.CancelledError:
-            if not self.finish():
-                raise
-            context.count(f"server.cancelled.{self.reason}")
-            if self.reason == "deadline" and not self.started:
-                await _send_answer(self.send_, mw.server.deadline_answer(arrival))
-            return  # after a disconnect there is nobody to answer
-        except Exception as exc:
-            self.finish()
-            answer = mw.server.failure(arrival, exc)
-            if answer is None or self.started:
-                raise
-            await _send_answer(self.send_, answer)
+                    self.watching = True
+            if self.timing or self.watching:
+                mw.sweep(loop).add(self, loop)
+        return receive
+
+    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer that cancels the handler at the propagated deadline."""
+        deadline = self.arrival.deadline
+        assert deadline is not None
+        self.timer = loop.call_later(max(0.0, deadline - context.monotonic()), self.cancel, "deadline")
+
+    def visited(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The sweep came by: a request still running gets its deadline timer and its disconnect watcher."""
+        if not self.running:
             return
-        except BaseException:
-            self.finish()
-            raise
-        if self.finish() and self.reason == "deadline" and not self.started:
-            # the app swallowed the cancellation and returned without answering: answer for it
-            await _send_answer(self.send_, mw.server.deadline_answer(arrival))
+        if self.timing:
+            self.timing = False
+            self.arm(loop)
+        if self.watching:
+            self.watching = False
+            self.watch(loop)
 
     def finish(self) -> bool:
         """Stop watching; True if the only cancellation the task received was ours."""
@@ -181,8 +291,6 @@ class _Exchange:
             self.running = False
             if self.timer is not None:
                 self.timer.cancel()
-            if self.watcher is not None:
-                self.watcher.cancel()
             if self.pump is not None:
                 self.pump.cancel()
             if self.reason is not None and self.task is not None:
@@ -205,7 +313,7 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             arrival = self.arrival
-            if arrival.noted is not None and int(message.get("status", 200)) >= 500:
+            if int(message.get("status", 200)) >= 500 and arrival.noted is not None:
                 answer = self.mw.server.failure(arrival, arrival.noted)
                 if answer is not None:
                     self.replaced = answer
@@ -213,25 +321,30 @@ class _Exchange:
                     await _send_answer(self.send_, answer)
                     return
             self.started = True
-            headers = list(message.get("headers") or ())
-            if not any(k.lower() == _REPLY for k, _ in headers):
-                headers.append((_REPLY, arrival.reply_header().encode("ascii")))
+            headers = message.get("headers") or ()
+            if type(headers) is not list and type(headers) is not tuple:
+                headers = list(headers)  # an iterable that could be read only once
                 message = {**message, "headers": headers}
+            for k, _ in headers:
+                if k.lower() == _REPLY:
+                    break
+            else:
+                message = {**message, "headers": [*headers, (_REPLY, arrival.reply_bytes())]}
         elif (kind == "http.response.body" and not message.get("more_body", False)) or kind == "http.response.pathsend":
             self.completed = True
         await self.send_(message)
 
     # --- receive: once the request has run a while, read ahead by one message to see a disconnect -------
 
-    def watch(self) -> None:
-        self.watcher = None
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.running or self.completed or self.pump is not None:
             return
         if self.reading:  # the app is in receive() itself and will hear of a disconnect first-hand
-            self.watcher = asyncio.get_running_loop().call_later(WATCH_AFTER, self.watch)
+            self.watching = True
+            self.mw.sweep(loop).add(self, loop)
             return
         self.queue = asyncio.Queue(maxsize=1)
-        self.pump = asyncio.get_running_loop().create_task(self._pump(self.queue))
+        self.pump = loop.create_task(self._pump(self.queue))
 
     async def _pump(self, queue: asyncio.Queue[Message]) -> None:
         try:
@@ -259,7 +372,9 @@ class _Exchange:
             if self.deferred:
                 self.deferred = False
                 if self.running:
-                    self.watcher = asyncio.get_running_loop().call_later(WATCH_AFTER, self.watch)
+                    self.watching = True
+                    loop = asyncio.get_running_loop()
+                    self.mw.sweep(loop).add(self, loop)
             return message
         if self.gone and queue.empty():
             return {"type": "http.disconnect"}
@@ -270,10 +385,6 @@ async def _send_answer(send: Send, answer: Answer) -> None:
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers()]
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})
-
-
-def _expects_continue(scope: Scope) -> bool:
-    return any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope.get("headers", ()))
 
 
 # --- the route template, read from a Starlette-style route table without importing Starlette ---------

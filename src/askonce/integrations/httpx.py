@@ -30,10 +30,11 @@ from askonce.client import (
     ClientPolicy,
     Outcome,
     is_idempotent,
-    judge_http,
+    judge_reply,
+    reply_from,
 )
 from askonce.context import count
-from askonce.core.wire import QUESTION_HEADER
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
 
 __all__ = ["AskonceTransport", "AsyncAskonceTransport", "default_target"]
@@ -41,6 +42,7 @@ __all__ = ["AskonceTransport", "AsyncAskonceTransport", "default_target"]
 _DEFAULT_POLICY = ClientPolicy()
 _PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+_NO_TIMEOUTS: dict[str, Any] = {}
 
 # Never reached the server: no connection, or no free connection in the pool.
 _REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -65,41 +67,49 @@ def _judge_error(error: Exception) -> Outcome | None:
 class _Attempts:
     """What sync and async exchanges share: the request, its original timeouts, the header per attempt."""
 
-    __slots__ = ("_policy", "_timeouts", "request", "timeout")
+    __slots__ = ("_capped", "_policy", "_timeouts", "_wrapped", "request", "timeout")
 
-    def __init__(self, request: httpx.Request, policy: ClientPolicy) -> None:
+    def __init__(self, request: httpx.Request, policy: ClientPolicy, wrapped: Any) -> None:
         self.request = request
         self._policy = policy
+        self._wrapped = wrapped  # the sync or async transport, per subclass
         given = request.extensions.get("timeout")
-        self._timeouts: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+        self._timeouts: dict[str, Any] = given if type(given) is dict else _NO_TIMEOUTS  # read, never written
         read = self._timeouts.get("read")
         self.timeout: float | None = float(read) if isinstance(read, int | float) else None
+        self._capped = False
 
     def prepare(self, header: str, limit: float | None) -> httpx.Request:
         request = self.request
         request.headers[QUESTION_HEADER] = header
         if limit is not None:
             given = self._timeouts
+            if not self._capped:  # the usual case, seconds of timeout in a question with longer to run: as it came
+                for k in _TIMEOUT_KEYS:
+                    t = given.get(k)
+                    if t is None or t > limit:
+                        break
+                else:
+                    return request
             request.extensions["timeout"] = {
                 k: limit if given.get(k) is None else min(float(given[k]), limit) for k in _TIMEOUT_KEYS}
+            self._capped = True
         return request
 
     def judge(self, response: httpx.Response) -> Outcome:
-        return judge_http(self._policy, response.status_code, response.headers)
+        headers = response.headers
+        return judge_reply(self._policy, response.status_code, reply_from(headers.get_list(REPLY_HEADER)), headers)
 
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error)
 
 
 class _Exchange(_Attempts):
-    __slots__ = ("_wrapped",)
-
-    def __init__(self, request: httpx.Request, policy: ClientPolicy, wrapped: httpx.BaseTransport) -> None:
-        super().__init__(request, policy)
-        self._wrapped = wrapped
+    __slots__ = ()
 
     def send(self, header: str, timeout: float | None) -> httpx.Response:
-        return self._wrapped.handle_request(self.prepare(header, timeout))
+        wrapped: httpx.BaseTransport = self._wrapped
+        return wrapped.handle_request(self.prepare(header, timeout))
 
     def discard(self, response: httpx.Response) -> None:
         # Reading a short body lets the connection go back to the pool; a long one is cut off by closing.
@@ -116,14 +126,11 @@ class _Exchange(_Attempts):
 
 
 class _AsyncExchange(_Attempts):
-    __slots__ = ("_wrapped",)
-
-    def __init__(self, request: httpx.Request, policy: ClientPolicy, wrapped: httpx.AsyncBaseTransport) -> None:
-        super().__init__(request, policy)
-        self._wrapped = wrapped
+    __slots__ = ()
 
     async def send(self, header: str, timeout: float | None) -> httpx.Response:
-        return await self._wrapped.handle_async_request(self.prepare(header, timeout))
+        wrapped: httpx.AsyncBaseTransport = self._wrapped
+        return await wrapped.handle_async_request(self.prepare(header, timeout))
 
     async def discard(self, response: httpx.Response) -> None:
         left = self._policy.max_discard
@@ -172,9 +179,11 @@ class AskonceTransport(httpx.BaseTransport):
         self._target = target
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        policy = self.caller.policy
-        return self.caller.call(_Exchange(request, policy, self.wrapped), target=self._target(request),
-                                idempotent=_idempotent(request, policy))
+        caller = self.caller
+        policy = caller.policy
+        return caller.call(_Exchange(request, policy, self.wrapped),
+                           target=self._target(request) if caller.per_target else "",
+                           idempotent=_idempotent(request, policy))
 
     def close(self) -> None:
         self.wrapped.close()
@@ -201,9 +210,11 @@ class AsyncAskonceTransport(httpx.AsyncBaseTransport):
         self._target = target
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        policy = self.caller.policy
-        return await self.caller.acall(_AsyncExchange(request, policy, self.wrapped),
-                                       target=self._target(request), idempotent=_idempotent(request, policy))
+        caller = self.caller
+        policy = caller.policy
+        return await caller.acall(_AsyncExchange(request, policy, self.wrapped),
+                                  target=self._target(request) if caller.per_target else "",
+                                  idempotent=_idempotent(request, policy))
 
     async def aclose(self) -> None:
         await self.wrapped.aclose()

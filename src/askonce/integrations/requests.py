@@ -182,8 +182,9 @@ class AskonceAdapter(HTTPAdapter):
         idempotent = (body is None or isinstance(body, bytes | str)) and is_idempotent(
             policy, request.method or "GET", request.headers)
         kwargs: dict[str, Any] = {"stream": stream, "verify": verify, "cert": cert, "proxies": proxies}
-        return self.caller.call(_Exchange(self, request, timeout, kwargs), target=self._target(request),
-                                idempotent=idempotent)
+        caller = self.caller
+        return caller.call(_Exchange(self, request, timeout, kwargs),
+                           target=self._target(request) if caller.per_target else "", idempotent=idempotent)
 
 
 def session(policy: ClientPolicy = _DEFAULT_POLICY, **adapter: Any) -> requests.Session:

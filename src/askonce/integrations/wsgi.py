@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +31,7 @@ from askonce.integrations._server import (
     Answer,
     Arrival,
     LedgerLike,
+    Secret,
     Server,
     ServerOptions,
     note_failure,
@@ -48,8 +49,8 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 class AskonceWSGIMiddleware:
     """Bind the incoming question for each request and answer for it; see the module docstring.
 
-    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware`, with ``principal`` and
-    ``operation`` called on the WSGI environ. The default operation is the method and the Flask rule
+    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included), with
+    ``principal`` and ``operation`` called on the WSGI environ. The default operation is the method and the Flask rule
     (``"GET /items/<int:item_id>"``) when the app is a Flask app, else the method and the path with
     id-like segments replaced by ``{id}``.
     """
@@ -67,13 +68,14 @@ class AskonceWSGIMiddleware:
         principal: Callable[[Environ], str] | None = None,
         operation: Callable[[Environ], str] | None = None,
         shed_deadline: bool = True,
+        edge_secret: Secret | Sequence[Secret] | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be a WSGI application, got {app!r}")
         self.app = app
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline,
+            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
         ))  # fmt: skip
         self._flask = _flask_of(app)
         if self._flask is not None:
