@@ -19,11 +19,17 @@
 
 Rounds interleave the cases; each figure is the median over rounds. Targets: under 5 % throughput loss
 for the middleware, under 3 % latency added by the transport. ``--pin`` puts the servers on the last CPU
-and the generator on the others (steadier on a quiet machine, worse on a busy one). ``--profile`` runs
-both paths in-process under cProfile (no sockets) and prints where their time goes.
+and the generator on the others (steadier on a quiet machine, worse on a busy one).
 
-    python bench/bench_integrations.py            # markdown table, about 90 s
+Timings on a shared machine swing by ten points from run to run. ``--instructions`` gives figures that do
+not: the same servers and clients under valgrind's cachegrind, counting the instructions (and simulated
+cache misses) per request, a run of 700 requests minus a run of 200. It needs ``valgrind`` and takes
+about three minutes on two CPUs. ``--profile`` runs both paths in-process under cProfile (no sockets)
+and prints where their time goes.
+
+    python bench/bench_integrations.py            # markdown table, about 80 s
     python bench/bench_integrations.py --rounds 9 --pin
+    python bench/bench_integrations.py --instructions
     python bench/bench_integrations.py --profile
 """
 
