@@ -305,7 +305,8 @@ def test_the_handler_sees_the_question_and_the_reply_settles_the_budget(client: 
     seen = r.json()
     assert seen["key"] == q.key and seen["edge"] is True and seen["path"] == ["orders:1"]
     assert seen["budget"] == 2  # all that is left is forwarded, held until the reply came back
-    assert 3.0 < seen["left"] <= 4.0 and 3.0 < seen["grpc_left"] <= 4.0  # the gRPC deadline is the question's
+    assert 3.0 < seen["left"] <= 4.0 and 3.0 < seen["grpc_left"] <= 4.05  # the gRPC deadline is the question's
+    # (gRPC's time_remaining() rounds its own clock: 4.0096 was seen for a 4.0 s deadline)
     assert after is not None and after.budget == 2  # the reply said nothing was spent: released in full
 
 
@@ -379,7 +380,7 @@ def test_the_question_deadline_bounds_every_attempt_and_ends_the_retries(client:
     with askonce.question(budget=2, deadline=0.3):
         r = call(client, servers.urls["sync"], "Slow", b"0.6", timeout=10.0, idempotent=True)
     assert r.code == Code.DEADLINE_EXCEEDED and probe.count("Slow") == 1
-    assert probe.seen[0]["grpc_left"] <= 0.3
+    assert probe.seen[0]["grpc_left"] <= 0.35  # gRPC's time_remaining() may exceed what was sent by ~1 ms
     # lost to the deadline: the budget forwarded counts as spent (fail closed), which ends it before the clock
     assert r.reply == Reply(0, True, "exhausted")
 
