@@ -153,9 +153,13 @@ class retry:  # spelled like a function: it is used as a decorator
         frame = _frame.get()
         if frame is not None:
             return frame
+        return self._mint(layer), ()
+
+    def _mint(self, layer: str) -> Tab:
+        """A question for a layer with nothing bound: its own budget and deadline, the key minted lazily."""
         p = self.policy
         deadline = None if p.deadline is None else self._clock() + p.deadline
-        return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key), ()
+        return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key)
 
     def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState,
                retry_at: float | None = None) -> None:
@@ -227,16 +231,14 @@ class retry:  # spelled like a function: it is used as a decorator
     def _prepare(self, layer: str) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
         """The success path's first half, shared by both shells: the frame, the bucket deposit, and
         whether the full loop must judge the first attempt (a breaker is set, or a bound deadline passed)."""
-        clock, policy, originator, minter = self._clock, self.policy, self.originator, context.new_key
-        budget, get, guarded = policy.budget, _frame.get, self._breaker_policy is not None
+        clock, policy, mint = self._clock, self.policy, self._mint
+        get, guarded = _frame.get, self._breaker_policy is not None
 
         def prepare() -> tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]:
             frame = get()
+            path: tuple[Hop, ...]
             if frame is None:
-                deadline = policy.deadline
-                tab = Tab(None, layer, originator, Account(budget),
-                          None if deadline is None else clock() + deadline, minter)
-                path: tuple[Hop, ...] = ()
+                tab, path = mint(layer), ()
             else:
                 tab, path = frame
             bucket = self._handle if self._handle is not None else self._bucket(layer)
