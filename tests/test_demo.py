@@ -155,13 +155,15 @@ def test_scenario_parameters_hold_together() -> None:
     assert scenarios()["overload"].trigger.length == 10.0  # type: ignore[union-attr]
 
 
-def test_quick_runs_the_overload_on_a_lane_of_its_own() -> None:
-    full = lanes(scenarios(), quick=False)
-    assert len(full) == 1
-    assert [(s.name, p) for s, p in full[0]][-3:] == [("overload", "no-retry"), ("overload", "askonce"),
+def test_the_overload_runs_on_a_lane_of_its_own() -> None:
+    for quick in (False, True):
+        plan = lanes(scenarios(quick))
+        assert [(s.name, p) for s, p in plan[0]] == [("overload", "no-retry"), ("overload", "askonce"),
                                                      ("overload", "naive")]
-    quick = lanes(scenarios(True), quick=True)
-    assert [{s.name for s, _ in lane} for lane in quick] == [{"overload"}, {"outage", "transient", "slow"}]
+        assert [(s.name, p) for s, p in plan[1]] == [(n, p) for n in ("outage", "transient", "slow")
+                                                     for p in ("naive", "askonce")]
+    chosen = scenarios()
+    assert len(lanes({"overload": chosen["overload"]})) == 1 and len(lanes({"slow": chosen["slow"]})) == 1
 
 
 def test_settings_from_json_refuse_what_they_do_not_know() -> None:
@@ -347,3 +349,11 @@ def test_a_killed_demo_leaves_no_orphans(tmp_path: Path) -> None:
         assert _wait_gone(children, 5.0) == []
     finally:
         _reap(children)
+
+
+def test_cli_defaults_agree_with_the_demo_parameters() -> None:
+    # cli.py repeats two values so that `askonce --help` imports no demo module; they must not drift.
+    from askonce.demo import cli, params
+
+    assert cli.DEMO_BUDGET == params.DEMO_BUDGET
+    assert cli.SCENARIOS == params.SCENARIOS

@@ -119,7 +119,8 @@ def test_predictions_have_the_demos_schema_and_its_questions() -> None:
         assert row["success_rate"] == 0.0
     naive, ask = rows["naive"]["arrivals_per_question"], rows["askonce"]["arrivals_per_question"]
     assert naive == {"mean": 27.0, "p99": 27, "max": 27}  # 3 x 3 x 3: the edge asks once
-    assert ask["max"] == 1 + scenario.budget and ask["mean"] < 1.0  # the service's breaker opened
+    # The service's breaker opens on the third failure in a row: no question reaches 1 + budget = 4.
+    assert 2 <= ask["max"] <= 3 < 1 + scenario.budget and ask["mean"] < 1.0
     assert rows["askonce"]["coverage"] == 1.0 and rows["naive"]["coverage"] is None
 
 

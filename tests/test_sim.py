@@ -301,3 +301,17 @@ def test_every_cli_help_renders() -> None:
         with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
             main(argv)
         assert "usage:" in out.getvalue()
+
+
+def test_breaker_flags_change_only_the_breaker_and_refuse_absurd_values(capsys: pytest.CaptureFixture[str]) -> None:
+    from askonce.sim.cli import _knobs
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["simulate", "--breaker-rate", "0.9", "--breaker-min-calls", "3", "--breaker-window", "20"])
+    knobs = _knobs(Knobs(), args)
+    assert knobs.breaker == BreakerPolicy(failure_rate=0.9, minimum_calls=3, window_size=20)
+    assert knobs.bucket == Knobs().bucket and knobs.budget == Knobs().budget
+    bad = parser.parse_args(["simulate", "--scenario", "depth", "--quick", "--quiet", "--breaker-min-calls", "0"])
+    assert bad.func(bad) == 2
+    assert "minimum_calls" in capsys.readouterr().err

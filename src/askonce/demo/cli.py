@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("outage", "transient", "slow", "overload")
+DEMO_BUDGET = 3  # askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module
 
 
 def _scenarios(text: str) -> tuple[str, ...]:
@@ -42,8 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="LIST",
                    help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
     p.add_argument("--seed", type=int, default=1, help="seed of the load, the keys and the target's failures")
-    p.add_argument("--budget", type=int, default=2, choices=range(11), metavar="N",
-                   help="retries an askonce question may cost in all, across every layer (default 2)")
+    p.add_argument("--budget", type=int, default=DEMO_BUDGET, choices=range(11), metavar="N",
+                   help=f"retries an askonce question may cost in all, across every layer (default {DEMO_BUDGET})")
     p.add_argument("--in-process", action="store_true",
                    help="no sockets: the three layers' arithmetic in one process (needs no extra package)")
     g = p.add_argument_group("--in-process only")
@@ -71,7 +72,7 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--scenarios", ",".join(args.scenarios)]
     if args.seed != 1:
         words += ["--seed", str(args.seed)]
-    if args.budget != 2:
+    if args.budget != DEMO_BUDGET:
         words += ["--budget", str(args.budget)]
     if args.redis:
         words += ["--redis", args.redis]

@@ -93,8 +93,13 @@ def breaker_opened(asked: Sequence[Asked]) -> float | None:
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
-    return {"mean": sum(values) / len(values) if values else None, "p99": percentile(values, 0.99),
-            "max": max(values) if values else None}
+    """Mean, nearest-rank p99, max, and the standard error of the mean (``se``, None below 2 values)."""
+    n = len(values)
+    mean = sum(values) / n if values else None
+    se = None
+    if mean is not None and n > 1:
+        se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return {"mean": mean, "p99": percentile(values, 0.99), "max": max(values) if values else None, "se": se}
 
 
 def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[str, int], deadline: float,
@@ -150,10 +155,12 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}")
     if ask is not None:
         a = ask["arrivals_per_question"]
-        most = 1 + ask.get("budget", 2)
-        add(f"outage: askonce at most {most} (1 + budget) arrivals for every question",
-            a["max"] is not None and a["max"] <= most,
-            f"max {a['max']}, mean {fmt(a['mean'])}")
+        # The issue's figure is 3 whatever the budget: with budget 3 it is the breaker at the layer nearest
+        # the target (it opens on the third failure in a row) that stops the fourth try, not the budget.
+        bound = 1 + ask.get("budget", 2)
+        add("outage: askonce at most 3 arrivals for every question",
+            a["max"] is not None and a["max"] <= min(3, bound),
+            f"max {a['max']}, mean {fmt(a['mean'])} (the budget's own bound: {bound})")
         after = ask.get("arrivals_per_question_after_open")
         mean_after = None if after is None else after["mean"]
         add("outage: askonce under 1.1 per question once the breaker is open",
@@ -166,7 +173,8 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         add("transient 10%: askonce success >= 99.9% at <= 1.12 arrivals per question",
             rate is not None and mean is not None and rate >= 0.999 and mean <= 1.12,
             f"success {fmt(100 * rate if rate is not None else None, '.2f')}% of {ask['questions']}, "
-            f"mean {fmt(mean)} (expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
+            f"mean {fmt(mean)} ± {fmt(ask['arrivals_per_question'].get('se'), '.3f')} "
+            f"(expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
             f"{sum(0.1**i for i in range(tries)):.3f})")
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 

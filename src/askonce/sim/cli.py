@@ -71,6 +71,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--bucket-ratio", type=float, help="askonce: retry tokens per request (library default 0.2)")
     k.add_argument("--bucket-floor", type=float, help="bucket baseline: retries/s always allowed (default 1)")
     k.add_argument("--breaker-rate", type=float, help="breakers: failure rate that opens them (default 0.5)")
+    k.add_argument("--breaker-min-calls", type=int,
+                   help="breakers: calls in the window before a verdict (default 20; the demo's breaker: 3)")
+    k.add_argument("--breaker-window", type=int, help="breakers: calls in the count window (default 100)")
     k.add_argument("--per-client", action="store_true",
                    help="askonce: a bucket and breaker per client instead of one for the fleet")
     p.set_defaults(func=run)
@@ -78,8 +81,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _knobs(base: Any, args: argparse.Namespace) -> Any:
-    from askonce.core.breaker import BreakerPolicy
-
     changes: dict[str, Any] = {}
     if args.attempts is not None:
         changes["attempts"] = args.attempts
@@ -89,8 +90,11 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
         changes["bucket"] = dataclasses.replace(base.bucket, ratio=args.bucket_ratio)
     if args.bucket_floor is not None:
         changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket, floor=args.bucket_floor)
-    if args.breaker_rate is not None:
-        changes["breaker"] = BreakerPolicy(failure_rate=args.breaker_rate)
+    breaker = {name: value for name, value in (("failure_rate", args.breaker_rate),
+                                                ("minimum_calls", args.breaker_min_calls),
+                                                ("window_size", args.breaker_window)) if value is not None}
+    if breaker:
+        changes["breaker"] = dataclasses.replace(base.breaker, **breaker)  # validated: a clear error if absurd
     if args.per_client:
         changes["shared"] = False
     return dataclasses.replace(base, **changes)
