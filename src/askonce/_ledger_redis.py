@@ -27,7 +27,8 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from askonce.core.ledger import LedgerPolicy, OperationReport, Report, _Op, _Seen, _summarize
+from askonce.core.ledger import LedgerPolicy, OperationReport, Report
+from askonce.core.ledger_state import OperationState, Seen, summarize
 from askonce.core.sketch import Frequent, HyperLogLog, digest64
 
 if TYPE_CHECKING:
@@ -398,7 +399,7 @@ def _ints(raw: dict[Any, Any]) -> dict[str, int]:
 def _operation(name: str, start: float, current: bool, raw: list[Any], policy: LedgerPolicy) -> OperationReport:
     c, k, p, h, r, o = raw
     counts = _ints(c)
-    op = _Op()
+    op = OperationState()
     op.arrivals, op.attributable, op.reminted, op.unkeyed, op.malformed, op.refused = (
         counts.get(n, 0) for n in _COUNTERS)
     op.cap_unenforced = counts.get("e", 0)
@@ -416,11 +417,11 @@ def _operation(name: str, start: float, current: bool, raw: list[Any], policy: L
         paths, tracked = covered.get(f, (0, 0))
         table = op.attr if kind == b"a" else op.remint
         # Arrivals whose (key, path) pair Redis could not hold are the core's "untracked" paths.
-        table.setdefault(principal, {})[key] = _Seen(n, tuple(range(paths)), max(0, n - tracked))
+        table.setdefault(principal, {})[key] = Seen(n, tuple(range(paths)), max(0, n - tracked))
     op.exact = len(k)
     if h:
         op.hll, op.heavy = _Known(int(h)), Frequent(1)
-    return _summarize(op, name, start, start + policy.window, current, policy.heavy_keys)
+    return summarize(op, name, start, start + policy.window, current, policy.heavy_keys)
 
 
 def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | None) -> Report:

@@ -1,0 +1,188 @@
+"""The ledger's counting state: one operation in one window, and how it is summarised and merged.
+
+Internal to the ledger and its Redis twin (:mod:`askonce._ledger_redis`), which rebuilds an
+:class:`OperationState` from Redis counters to summarise it the same way. Not public API.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from askonce.core.ledger_report import HeavyKey, Kind, OperationReport, PerKey, ratio
+from askonce.core.sketch import Frequent, HyperLogLog, digest64
+
+if TYPE_CHECKING:
+    from askonce.core.ledger import LedgerPolicy
+
+OTHER = "~other"
+HLL_PRECISION = 14
+
+
+def bump(counts: dict[str, int], name: str, limit: int, n: int = 1) -> None:
+    if name in counts:
+        counts[name] += n
+    elif len(counts) < limit:
+        counts[name] = n
+    else:
+        counts[OTHER] = counts.get(OTHER, 0) + n
+
+
+class Seen:
+    """A key that arrived more than once. A key seen once is stored as just its path digest (an int)."""
+
+    __slots__ = ("n", "paths", "untracked")
+
+    def __init__(self, n: int, paths: tuple[int, ...], untracked: int) -> None:
+        self.n = n
+        self.paths = paths
+        self.untracked = untracked
+
+
+Entry = int | Seen
+Table = dict[str, dict[str, Entry]]  # principal -> key -> entry
+
+
+def unpack(e: Entry) -> tuple[int, tuple[int, ...], int]:
+    return (1, (e,), 0) if isinstance(e, int) else (e.n, e.paths, e.untracked)
+
+
+def combine(a: Entry, b: Entry, max_paths: int) -> Seen:
+    na, pa, ua = unpack(a)
+    nb, pb, ub = unpack(b)
+    paths = list(pa)
+    untracked = ua + ub
+    for p in pb:
+        if p not in paths:
+            if len(paths) < max_paths:
+                paths.append(p)
+            else:
+                untracked += 1
+    return Seen(na + nb, tuple(paths), untracked)
+
+
+class OperationState:
+    """The counters of one operation in one window."""
+
+    __slots__ = (
+        "arrivals", "attr", "attributable", "cap_unenforced", "exact", "heavy", "hll", "malformed",
+        "overflowed", "refused", "remint", "reminted", "reminted_by", "retries_by", "unkeyed",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.arrivals = 0
+        self.attributable = 0
+        self.reminted = 0
+        self.unkeyed = 0
+        self.malformed = 0
+        self.refused = 0
+        self.cap_unenforced = 0
+        self.exact = 0  # entries in attr and remint together, against max_exact_keys
+        self.overflowed = False
+        self.attr: Table = {}
+        self.remint: Table = {}
+        self.reminted_by: dict[str, int] = {}
+        self.retries_by: dict[str, int] = {}
+        self.hll: HyperLogLog | None = None
+        self.heavy: Frequent[tuple[str, str]] | None = None
+
+    def spill(self, edge: bool, principal: str, key: str, n: int, heavy_k: int) -> None:
+        self.overflowed = True
+        if not edge:
+            return  # reminted keys have no distinct count or heavy list to feed
+        if self.hll is None:
+            self.hll = HyperLogLog(HLL_PRECISION)
+            self.heavy = Frequent(heavy_k)
+        assert self.heavy is not None
+        self.hll.add_hash(digest64(principal, key))
+        self.heavy.add((principal, key), n)
+
+    def absorb(self, other: OperationState, policy: LedgerPolicy, heavy_k: int) -> None:
+        for name in ("arrivals", "attributable", "reminted", "unkeyed", "malformed", "refused",
+                     "cap_unenforced"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.overflowed = self.overflowed or other.overflowed
+        for mine, theirs in ((self.reminted_by, other.reminted_by), (self.retries_by, other.retries_by)):
+            for name, n in theirs.items():
+                bump(mine, name, policy.max_names, n)
+        for edge, table, source in ((True, self.attr, other.attr), (False, self.remint, other.remint)):
+            for principal, keys in source.items():
+                for key, entry in keys.items():
+                    mine_keys = table.get(principal)
+                    have = None if mine_keys is None else mine_keys.get(key)
+                    if have is not None:
+                        assert mine_keys is not None
+                        mine_keys[key] = combine(have, entry, policy.max_paths_per_key)
+                    elif self.exact < policy.max_exact_keys:
+                        table.setdefault(principal, {})[key] = (
+                            entry if isinstance(entry, int) else Seen(entry.n, entry.paths, entry.untracked)
+                        )
+                        self.exact += 1
+                    else:
+                        self.spill(edge, principal, key, unpack(entry)[0], heavy_k)
+        if other.hll is not None and other.heavy is not None:
+            if self.hll is None or self.heavy is None:
+                self.hll, self.heavy = other.hll.copy(), other.heavy.copy()
+            else:
+                self.hll.merge(other.hll)
+                self.heavy.merge(other.heavy)
+
+
+class Window:
+    __slots__ = ("index", "ops", "summary")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.ops: dict[str, OperationState] = {}
+        self.summary: tuple[OperationReport, ...] | None = None  # cached once the window is closed
+
+
+def summarize(op: OperationState, name: str, start: float, end: float, current: bool, heavy_n: int) -> OperationReport:
+    counts: list[int] = []
+    heavy_exact: list[tuple[int, str, str]] = []
+    for principal, keys in op.attr.items():
+        for key, e in keys.items():
+            n = 1 if isinstance(e, int) else e.n
+            counts.append(n)
+            if n > 1:
+                heavy_exact.append((-n, principal, key))
+    undeclared = untracked = 0
+    for table in (op.attr, op.remint):
+        for keys in table.values():
+            for e in keys.values():
+                if not isinstance(e, int):
+                    undeclared += e.n - len(e.paths) - e.untracked
+                    untracked += e.untracked
+    heavy: dict[tuple[str, str], int] = {(p, k): -neg for neg, p, k in heapq.nsmallest(heavy_n, heavy_exact)}
+    distinct = len(counts)
+    error = 0
+    sketched: dict[tuple[str, str], int] = {}
+    if op.hll is not None and op.heavy is not None:
+        distinct += round(op.hll.estimate())
+        error = op.heavy.offset
+        sketched = op.heavy.counts
+        for item, n in sketched.items():
+            heavy[item] = heavy.get(item, 0) + n
+    ranked = sorted(((-n, p, k) for (p, k), n in heavy.items() if n > 1))[:heavy_n]
+    counts.sort()
+    top = max(counts[-1] if counts else 0, -ranked[0][0] if ranked else 0)
+    amplification = ratio(op.attributable, distinct)
+    per_key = PerKey(
+        mean=amplification,
+        p50=counts[math.ceil(0.5 * len(counts)) - 1] if counts else None,
+        p99=counts[math.ceil(0.99 * len(counts)) - 1] if counts else None,
+        max=top or None,
+    )
+    return OperationReport(
+        operation=name, start=start, end=end, current=current, arrivals=op.arrivals,
+        attributable=op.attributable, distinct_keys=distinct, amplification=amplification,
+        coverage=ratio(op.attributable, op.arrivals),
+        kinds={Kind.ATTRIBUTABLE: op.attributable, Kind.REMINTED: op.reminted,
+               Kind.UNKEYED: op.unkeyed, Kind.MALFORMED: op.malformed},
+        per_key=per_key,
+        heavy=tuple(HeavyKey(k, -neg, p, error if (p, k) in sketched else 0) for neg, p, k in ranked),
+        reminted_by=dict(op.reminted_by), retries_by=dict(op.retries_by),
+        undeclared_retries=undeclared, paths_untracked=untracked, refused=op.refused,
+        cap_unenforced=op.cap_unenforced, approximate=op.overflowed,
+    )  # fmt: skip
