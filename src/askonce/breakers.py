@@ -7,6 +7,7 @@
     payments = registry.get("payments")
     with payments.guard():                                   # raises CircuitOpen while open
         call_payments()
+    payments.call(call_payments)                             # the same, without the with protocol's cost
 
 A registry holds one breaker per target, named as the user names it (a host, a service, an operation),
 over a store's breaker handles: in memory they are per process, in Redis they are shared by the fleet.
@@ -27,9 +28,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, ParamSpec, TypeVar
 from weakref import WeakKeyDictionary
 
 from askonce import context
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 _DEFAULT_POLICY = BreakerPolicy()
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _status(exc: BaseException) -> int | None:
@@ -90,6 +93,50 @@ def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
                        attempts=0, retry_at=retry_at)
 
 
+def _admit(b: CircuitBreaker, now: float | None) -> float:
+    """The start of one call through ``b``, or ``CircuitOpen`` while it is open: what the guard's entry decides."""
+    if now is None:
+        now = b.clock()
+    if not b.handle.allow(now):
+        raise open_error(b.target, now, b.handle.retry_at())
+    return now
+
+
+def _settle(b: CircuitBreaker, start: float, exc: BaseException | None) -> None:
+    """What the call that began at ``start`` says of the target: a success, a failure, or no verdict."""
+    end = b.clock()
+    if end < start:  # a clock that stepped back: no negative durations
+        end = start
+    if exc is None:
+        b.handle.record(end, success=True, duration=end - start)
+    elif b.is_failure(exc):
+        b.handle.record(end, success=False, duration=end - start)
+    else:
+        b.handle.release(end)
+
+
+async def _admit_async(b: AsyncCircuitBreaker, now: float | None) -> float:
+    """:func:`_admit` over an asyncio handle."""
+    if now is None:
+        now = b.clock()
+    if not await b.handle.allow(now):
+        raise open_error(b.target, now, b.handle.retry_at())
+    return now
+
+
+async def _settle_async(b: AsyncCircuitBreaker, start: float, exc: BaseException | None) -> None:
+    """:func:`_settle` over an asyncio handle."""
+    end = b.clock()
+    if end < start:
+        end = start
+    if exc is None:
+        await b.handle.record(end, success=True, duration=end - start)
+    elif b.is_failure(exc):
+        await b.handle.record(end, success=False, duration=end - start)
+    else:
+        await b.handle.release(end)
+
+
 class _Guard:
     """One call through a sync breaker: ``with`` or ``async with`` (the handle itself never awaits)."""
 
@@ -101,22 +148,11 @@ class _Guard:
         self._start = 0.0
 
     def __enter__(self) -> _Guard:
-        b = self._breaker
-        now = b.clock() if self._now is None else self._now
-        if not b.handle.allow(now):
-            raise open_error(b.target, now, b.handle.retry_at())
-        self._start = now
+        self._start = _admit(self._breaker, self._now)
         return self
 
     def __exit__(self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        b = self._breaker
-        end = max(self._start, b.clock())
-        if exc is None:
-            b.handle.record(end, success=True, duration=end - self._start)
-        elif b.is_failure(exc):
-            b.handle.record(end, success=False, duration=end - self._start)
-        else:
-            b.handle.release(end)
+        _settle(self._breaker, self._start, exc)
 
     async def __aenter__(self) -> _Guard:
         return self.__enter__()
@@ -135,23 +171,12 @@ class _AsyncGuard:
         self._start = 0.0
 
     async def __aenter__(self) -> _AsyncGuard:
-        b = self._breaker
-        now = b.clock() if self._now is None else self._now
-        if not await b.handle.allow(now):
-            raise open_error(b.target, now, b.handle.retry_at())
-        self._start = now
+        self._start = await _admit_async(self._breaker, self._now)
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        b = self._breaker
-        end = max(self._start, b.clock())
-        if exc is None:
-            await b.handle.record(end, success=True, duration=end - self._start)
-        elif b.is_failure(exc):
-            await b.handle.record(end, success=False, duration=end - self._start)
-        else:
-            await b.handle.release(end)
+        await _settle_async(self._breaker, self._start, exc)
 
 
 class CircuitBreaker:
@@ -170,6 +195,21 @@ class CircuitBreaker:
     def guard(self, now: float | None = None) -> _Guard:
         """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the outcome."""
         return _Guard(self, now)
+
+    def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``fn(*args, **kwargs)`` through the breaker: what ``with breaker.guard(): fn(...)`` does, cheaper.
+
+        Raises ``CircuitOpen`` (without calling ``fn``) while open; otherwise returns what ``fn`` returns,
+        or lets its exception through after recording it as ``is_failure`` says.
+        """
+        start = _admit(self, None)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _settle(self, start, exc)
+            raise
+        _settle(self, start, None)
+        return result
 
     def state(self, now: float | None = None) -> State:
         return self.handle.state(self.clock() if now is None else now)
@@ -194,6 +234,17 @@ class AsyncCircuitBreaker:
     def guard(self, now: float | None = None) -> _AsyncGuard:
         """``async with breaker.guard(): await call()``."""
         return _AsyncGuard(self, now)
+
+    async def call(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """``await fn(*args, **kwargs)`` through the breaker, as ``async with breaker.guard()`` would."""
+        start = await _admit_async(self, None)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            await _settle_async(self, start, exc)
+            raise
+        await _settle_async(self, start, None)
+        return result
 
     async def state(self, now: float | None = None) -> State:
         return await self.handle.state(self.clock() if now is None else now)

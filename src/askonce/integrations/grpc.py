@@ -30,7 +30,7 @@ from askonce.client import Caller, ClientPolicy, Outcome
 from askonce.context import extract_reply
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
 from askonce.core.wire import MAX_BUDGET, QUESTION_HEADER, REPLY_HEADER, Limits, Reply, format_reply
-from askonce.integrations._server import Answer, Arrival, LedgerLike, Server, ServerOptions, _Values
+from askonce.integrations._server import Answer, Arrival, LedgerLike, Secret, Server, ServerOptions, _Values
 from askonce.stores.base import AsyncStore, Store
 
 __all__ = [
@@ -324,10 +324,10 @@ class _Serving:
     def __init__(self, *, layer: str, originator: bool = False, limits: Limits = Limits(), budget: int = 2,
                  deadline: float | None = 30.0, ledger: LedgerLike | None = None,
                  principal: Callable[[Any], str] | None = None, operation: Callable[[Any], str] | None = None,
-                 shed_deadline: bool = True) -> None:
+                 shed_deadline: bool = True, edge_secret: Secret | Sequence[Secret] | None = None) -> None:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline,
+            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
         ))  # fmt: skip
 
     def _wrap(self, handler: Any, details: Any, wrap: Callable[[Any, Any, list[str | bytes]], Any]) -> Any:
@@ -343,9 +343,9 @@ class _Serving:
 class AskonceServerInterceptor(_Serving, grpc.ServerInterceptor):
     """Sync server: ``grpc.server(pool, interceptors=[AskonceServerInterceptor(layer="billing")])``.
 
-    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (no ``cancel_on_disconnect``), with
-    ``principal`` and ``operation`` called on the ``grpc.HandlerCallDetails``; the default operation is
-    the method name.
+    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included, no
+    ``cancel_on_disconnect``), with ``principal`` and ``operation`` called on the ``grpc.HandlerCallDetails``;
+    the default operation is the method name.
     """
 
     def intercept_service(self, continuation: Any, handler_call_details: grpc.HandlerCallDetails) -> Any:
