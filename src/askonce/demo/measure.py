@@ -175,7 +175,9 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             f"success {fmt(100 * rate if rate is not None else None, '.2f')}% of {ask['questions']}, "
             f"mean {fmt(mean)} ± {fmt(ask['arrivals_per_question'].get('se'), '.3f')} "
             f"(expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
-            f"{sum(0.1**i for i in range(tries)):.3f})")
+            f"{sum(0.1**i for i in range(tries)):.3f})"
+            + (" - too few questions to tell 1.111 from 1.12; the full run asks about 3,000"
+               if (se := ask["arrivals_per_question"].get("se")) is not None and se > 0.01 else ""))
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 
     def when(row: dict[str, Any] | None) -> str:
