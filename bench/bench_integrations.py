@@ -29,6 +29,7 @@ and prints where their time goes.
 
     python bench/bench_integrations.py            # markdown table, about 80 s
     python bench/bench_integrations.py --rounds 9 --pin
+    python bench/bench_integrations.py --compare /path/to/other/checkout/src   # before/after, same rounds
     python bench/bench_integrations.py --instructions
     python bench/bench_integrations.py --profile
 """
@@ -138,11 +139,13 @@ def serve(kind: str, pin: bool) -> None:
 
 
 class Server:
-    def __init__(self, kind: str, pin: bool = False) -> None:
+    def __init__(self, kind: str, pin: bool = False, src: str | None = None) -> None:
+        """``src``: serve askonce from this source tree (``PYTHONPATH``) instead of the installed one."""
         self.kind = kind
+        env = None if src is None else {**os.environ, "PYTHONPATH": src}
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, *(["--pin"] if pin else [])],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                     text=True)
+                                     text=True, env=env)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
         deadline = time.monotonic() + 10
@@ -252,10 +255,12 @@ def pct(x: float, base: float) -> str:
     return f"{(x - base) / base * 100:+.1f} %"
 
 
-def main(pin: bool = False) -> int:
+def main(pin: bool = False, compare: str | None = None) -> int:
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     servers = {kind: Server(kind, pin) for kind in SERVERS}
+    if compare is not None:  # the same middleware from another source tree, in the same rounds
+        servers.update({f"{kind}@compare": Server(kind, pin, compare) for kind in ("askonce", "fastapi+askonce")})
     if pin:
         os.sched_setaffinity(0, set(range(max(os.sched_getaffinity(0)))) or os.sched_getaffinity(0))
     bare = servers["bare"]
@@ -265,6 +270,9 @@ def main(pin: bool = False) -> int:
              ("pass-through middleware adding a header", servers["passthrough"], True),
              ("FastAPI", servers["fastapi"], True),
              ("FastAPI + askonce", servers["fastapi+askonce"], True)]
+    if compare is not None:
+        cases[2:2] = [(f"askonce from {compare}", servers["askonce@compare"], True)]
+        cases.append((f"FastAPI + askonce from {compare}", servers["fastapi+askonce@compare"], True))
     rps: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     cpu: dict[str, list[float]] = {k: [] for k in rps}
     url = f"http://127.0.0.1:{bare.port}/"
@@ -519,6 +527,8 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
     ap.add_argument("--pin", action="store_true", help="servers on the last CPU, the load generator on the others")
     ap.add_argument("--instructions", action="store_true", help="instructions per request under valgrind")
+    ap.add_argument("--compare", metavar="SRC", help="also serve the middleware from this source tree (e.g. a "
+                    "checkout's src/), interleaved in the same rounds: before/after under the same noise")
     ap.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     ROUNDS = args.rounds
@@ -531,4 +541,4 @@ if __name__ == "__main__":
     elif args.profile:
         profile()
     else:
-        sys.exit(main(args.pin))
+        sys.exit(main(args.pin, args.compare))

@@ -308,7 +308,8 @@ def test_breaker_flags_change_only_the_breaker_and_refuse_absurd_values(capsys: 
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    args = parser.parse_args(["simulate", "--breaker-rate", "0.9", "--breaker-min-calls", "3", "--breaker-window", "20"])
+    args = parser.parse_args(
+        ["simulate", "--breaker-rate", "0.9", "--breaker-min-calls", "3", "--breaker-window", "20"])
     knobs = _knobs(Knobs(), args)
     assert knobs.breaker == BreakerPolicy(failure_rate=0.9, minimum_calls=3, window_size=20)
     assert knobs.bucket == Knobs().bucket and knobs.budget == Knobs().budget

@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from askonce.core.question import Hop, Question
+from askonce.core.question import Account, Frame, Hop, Question, Tab
 
 QUESTION_HEADER = "askonce-question"
 REPLY_HEADER = "askonce-reply"
@@ -248,7 +248,40 @@ _CANONICAL = re.compile(
 )
 
 
-def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
+# Paths repeat (the few routes questions take through a fleet), so the canonical parse reads each path
+# text's hops once. The key is header text a caller chose: the cache holds only texts that parsed, of at
+# most ``_MAX_PATH_TEXT`` characters, and starts over when ``_MAX_PATHS`` are held; a miss parses as if
+# there were no cache (``tests/test_wire_caches.py``).
+_PATHS: dict[str, tuple[Hop, ...]] = {}
+_MAX_PATHS = 256
+_MAX_PATH_TEXT = 256
+
+
+def _canonical_path(p: str) -> tuple[Hop, ...] | None:
+    """The hops of a path text that matched the canonical expression; ``None`` if an attempt is out of range."""
+    path = _PATHS.get(p)
+    if path is not None:
+        return path
+    hops = []
+    for hop in p.split(" "):
+        layer, _, n = hop.rpartition(":")
+        attempt = int(n)
+        if not 1 <= attempt <= MAX_ATTEMPT:
+            return None
+        hops.append(Hop(layer, attempt))
+    path = tuple(hops)
+    if len(p) <= _MAX_PATH_TEXT:
+        if len(_PATHS) >= _MAX_PATHS:
+            _PATHS.clear()
+        _PATHS[p] = path
+    return path
+
+
+_Fields = tuple[str, str, bool, int, float | None, tuple[Hop, ...], bytes | None]
+"""A question's members in :class:`Question`'s order: key, origin, edge, budget, deadline, path, sig."""
+
+
+def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
     """The fast path: exactly what :func:`format_question` writes, in its order and spacing.
 
     Anything else, including a value out of range, returns ``None`` and goes to the general parser,
@@ -266,17 +299,14 @@ def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
         ms = int(d)
         if ms > MAX_DEADLINE_MS:
             return None
-        deadline = now + min(ms / 1000, limits.max_deadline)
+        seconds, most = ms / 1000, limits.max_deadline
+        deadline = now + (most if most < seconds else seconds)  # min(), without the call
     path: tuple[Hop, ...] = ()
     if p is not None:
-        hops = []
-        for hop in p.split(" "):
-            layer, _, n = hop.rpartition(":")
-            attempt = int(n)
-            if not 1 <= attempt <= MAX_ATTEMPT:
-                return None
-            hops.append(Hop(layer, attempt))
-        path = tuple(hops)
+        hops = _PATHS.get(p) or _canonical_path(p)
+        if hops is None:
+            return None
+        path = hops
     sig = None
     if sig_text is not None:
         if len(sig_text) % 4:
@@ -287,7 +317,13 @@ def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
             return None
         if len(sig) > MAX_SIG_BYTES:
             return None
-    return Question(key, origin, edge is not None, min(budget, limits.max_budget), deadline, path, sig)
+    most = limits.max_budget
+    return key, origin, edge is not None, most if most < budget else budget, deadline, path, sig
+
+
+def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
+    fields = _canonical(text, now, limits)
+    return None if fields is None else Question(*fields)
 
 
 def _ascii(text: str | bytes) -> str | Malformed:
@@ -308,10 +344,31 @@ def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> 
     if isinstance(decoded, Malformed):
         return decoded
     if len(decoded) <= MAX_HEADER_CHARS:
-        fast = _parse_canonical(decoded, now, limits)
-        if fast is not None:
-            return fast
+        fields = _canonical(decoded, now, limits)
+        if fields is not None:
+            return Question(*fields)
     return _parse_question_general(decoded, now, limits)
+
+
+def parse_frame(text: str | bytes, now: float, limits: Limits = Limits()) -> Frame | Malformed:
+    """:func:`parse_question` straight into what a server binds: a fresh process-local :class:`Tab` for the
+    question (its own :class:`Account` of the budget that came) and the attempt path.
+
+    The same values as ``parse_question`` and then ``context.tab_from``, without the :class:`Question` in
+    between, which the hot path of a server middleware never needs (``tests/test_wire_caches.py``).
+    """
+    decoded = _ascii(text)
+    if isinstance(decoded, Malformed):
+        return decoded
+    if len(decoded) <= MAX_HEADER_CHARS:
+        fields = _canonical(decoded, now, limits)
+        if fields is not None:
+            key, origin, edge, budget, deadline, path, sig = fields
+            return Tab(key, origin, edge, Account(budget), deadline, None, sig), path
+    q = _parse_question_general(decoded, now, limits)
+    if isinstance(q, Malformed):
+        return q
+    return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline, None, q.sig), q.path
 
 
 def _parse_question_general(text: str, now: float, limits: Limits) -> Question | Malformed:
@@ -367,6 +424,25 @@ def _path_text(path: tuple[Hop, ...]) -> str:
     return " ".join(f"{h.layer}:{h.attempt}" for h in path)
 
 
+# Path texts by path: a layer sends the same few paths over and over. Bounded like ``_PATHS``: texts of
+# at most ``_MAX_PATH_TEXT`` characters, and the cache starts over when ``_MAX_PATHS`` are held.
+_PATH_TEXTS: dict[tuple[Hop, ...], str] = {}
+
+
+def _cached_path_text(path: tuple[Hop, ...]) -> str:
+    try:
+        text = _PATH_TEXTS.get(path)
+    except TypeError:  # not hashable (a list passed where a tuple of hops belongs): as it always was written
+        return _path_text(path)
+    if text is None:
+        text = _path_text(path)
+        if len(text) <= _MAX_PATH_TEXT:
+            if len(_PATH_TEXTS) >= _MAX_PATHS:
+                _PATH_TEXTS.clear()
+            _PATH_TEXTS[path] = text
+    return text
+
+
 def format_question(
     key: str,
     origin: str,
@@ -377,17 +453,19 @@ def format_question(
     sig: bytes | None = None,
 ) -> str:
     """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no deadline)."""
-    parts = [f'v={VERSION}, k="{key}", o={origin}']
-    if edge:
-        parts.append("e")
-    parts.append(f"b={max(0, min(budget, MAX_BUDGET))}")
+    if not 0 < budget < MAX_BUDGET:
+        budget = max(0, min(budget, MAX_BUDGET))
+    text = f'v={VERSION}, k="{key}", o={origin}, e, b={budget}' if edge else (
+        f'v={VERSION}, k="{key}", o={origin}, b={budget}')
     if remaining is not None:
-        parts.append(f"d={to_ms(remaining, up=False)}")
+        # to_ms(remaining, up=False), spelled out: int() is math.floor for what is not clamped to 0 anyway
+        ms = int(remaining * 1000 + 1e-6)
+        text += f", d={ms if 0 <= ms <= MAX_DEADLINE_MS else max(0, min(ms, MAX_DEADLINE_MS))}"
     if path:
-        parts.append(f"p=({_path_text(path)})")
+        text += f", p=({_cached_path_text(path)})"
     if sig:
-        parts.append(f"s=:{base64.b64encode(sig[:MAX_SIG_BYTES]).decode('ascii')}:")
-    return ", ".join(parts)
+        text += f", s=:{base64.b64encode(sig[:MAX_SIG_BYTES]).decode('ascii')}:"
+    return text
 
 
 # --- askonce-reply ----------------------------------------------------------------------------------

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
 
 from askonce import context
-from askonce.client import Record, record_replies, recording, stop_recording
+from askonce.client import Record, recording
+from askonce.client import _record as _give_ups  # the context variable of client.replies()
 from askonce.context import Serving, _frame
 from askonce.core import wire
-from askonce.core.question import Account, Question, Tab
+from askonce.core.question import Account, Frame, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
 
@@ -265,17 +266,20 @@ class Server:
         """
         o = self.options
         now = context.monotonic()
-        q: Question | None = None
-        if len(values) == 1:  # context.extract, spelled out for the usual case
-            parsed = wire.parse_question(values[0], now, o.limits)
-            if type(parsed) is Question:
-                q = parsed
+        frame: Frame | None = None
+        if len(values) == 1:  # context.extract, spelled out for the usual case, straight into a Tab
+            parsed = wire.parse_frame(values[0], now, o.limits)
+            if type(parsed) is tuple:
+                frame = parsed
             else:
                 context.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
         elif values:
             q = context.extract(_Values(values), limits=o.limits, now=now)  # duplicates: malformed, counted there
-        if q is not None:
-            tab, path = context.tab_from(q), q.path
+            if q is not None:
+                frame = (context.tab_from(q), q.path)
+        minted = frame is None
+        if frame is not None:
+            tab = frame[0]
         else:  # as context.serve mints: a local key, or an edge key (signed) at an originator; lazily
             limits = o.limits
             tab = Tab(None, o.layer, o.originator, Account(min(o.budget, limits.max_budget)),
@@ -285,9 +289,9 @@ class Server:
                 from askonce.signing import mac
 
                 tab.sig = mac(tab.key, self._mint_secret)
-            path = ()
-        arrival = Arrival(Serving(tab, q is None), bool(values) and q is None)
-        arrival._tokens = (_frame.set((tab, path)), record_replies(arrival))
+            frame = (tab, ())
+        arrival = Arrival(Serving(tab, minted), bool(values) and minted)
+        arrival._tokens = (_frame.set(frame), _give_ups.set(arrival))  # client.record_replies(arrival)
         try:
             if o.ledger is not None and not self._record(arrival, request, route):
                 context.count("server.refused.cap")
@@ -303,7 +307,7 @@ class Server:
     def close(self, arrival: Arrival) -> None:
         """Unbind what :meth:`open` bound (in the same context)."""
         frame, record = arrival._tokens
-        stop_recording(record)
+        _give_ups.reset(record)  # client.stop_recording
         _frame.reset(frame)
 
     @contextmanager
