@@ -234,7 +234,10 @@ def waitress_running(app: Any) -> Iterator[str]:
     finally:
         # Close every socket from the loop's own thread: closed under a select() running elsewhere, one
         # fails it with EBADF. With its map empty the loop returns.
-        server.trigger.pull_trigger(lambda: [d.close() for d in list(server._map.values())])
+        try:
+            server.trigger.pull_trigger(lambda: [d.close() for d in list(server._map.values())])
+        except OSError:  # the loop already ended and closed its trigger: nothing is left to close under it
+            pass
         thread.join(10)
         server.task_dispatcher.shutdown()
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -13,7 +11,6 @@ from typing import Any
 import flask
 import httpx
 import pytest
-import waitress
 import werkzeug.test
 
 import askonce
@@ -22,6 +19,7 @@ from askonce.core import wire
 from askonce.core.ledger import Kind, Ledger, LedgerPolicy
 from askonce.errors import attach_reply
 from askonce.integrations.wsgi import LEDGER_LOCK, AskonceWSGIMiddleware
+from e2e_services import waitress_running
 
 DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
 
@@ -116,17 +114,9 @@ class Stack:
             return self.ledger.report(time.time()).find(operation)
 
 
-@contextlib.contextmanager
-def running(app: Any) -> Iterator[str]:
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=8, asyncore_loop_timeout=0.05)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.effective_port}"
-    finally:
-        server.close()
-        thread.join(10)
-        server.task_dispatcher.shutdown()
+# waitress closed from the test's thread under its loop's select() fails that select with EBADF;
+# e2e_services closes it from the loop's own thread.
+running = waitress_running
 
 
 @pytest.fixture(scope="module")
