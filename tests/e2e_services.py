@@ -234,10 +234,9 @@ def waitress_running(app: Any) -> Iterator[str]:
     finally:
         # Close every socket from the loop's own thread: closed under a select() running elsewhere, one
         # fails it with EBADF. With its map empty the loop returns.
-        try:
+        # OSError: the loop already ended and closed its trigger; nothing is left to close under it.
+        with contextlib.suppress(OSError):
             server.trigger.pull_trigger(lambda: [d.close() for d in list(server._map.values())])
-        except OSError:  # the loop already ended and closed its trigger: nothing is left to close under it
-            pass
         thread.join(10)
         server.task_dispatcher.shutdown()
 
