@@ -557,7 +557,7 @@ def test_a_malformed_reply_is_counted_every_time_never_cached(values: list[str],
 
 
 def test_the_reply_cache_is_bounded() -> None:
-    from askonce.client import _MAX_CACHED_REPLIES, _REPLIES, reply_from
+    from askonce.client_policy import _MAX_CACHED_REPLIES, _REPLIES, reply_from
 
     for budget in range(1000):
         assert reply_from([f"v=1, b={budget}, pb={budget}"]) == Reply(budget, False, None, budget / 1000)

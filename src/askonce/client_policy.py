@@ -1,0 +1,208 @@
+"""How a client layer judges an attempt: its policy, the outcome of an HTTP answer, Retry-After, replies.
+
+The pure-ish half of :mod:`askonce.client` (no I/O; counting malformed values is its only side effect):
+:class:`ClientPolicy`, :class:`Outcome` and :func:`judge_http` / :func:`judge_reply` (which statuses fail
+and whether they may be retried), :func:`parse_retry_after`, :func:`read_reply` / :func:`reply_from` (the
+``askonce-reply`` of a response, through a bounded cache of parsed values) and :func:`is_idempotent`.
+Everything here is re-exported by :mod:`askonce.client`, its public home.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from askonce import context
+from askonce.core.breaker import BreakerPolicy
+from askonce.core.bucket import BucketPolicy
+from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure, RetryPolicy
+from askonce.core.wire import REPLY_HEADER, Reply, valid_name
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+MAX_RETRY_AFTER = 86_400.0
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPolicy:
+    """How one client layer calls other processes.
+
+    ``retry``: attempts, backoff, and the budget and deadline of questions this layer mints when nothing is
+    bound (``originator=True`` mints attributable edge keys, otherwise local ones). A failed HTTP response is
+    retried when its status is in ``retry_statuses``, or in ``throttle_statuses`` *and* it says when to come
+    back (Retry-After): a throttled client that guesses its own wait only adds to the load. Methods in
+    ``idempotent_methods``, or any request carrying ``idempotency_header``, may be retried after they may
+    have reached the target; others only when the connection was refused, unless ``retry_non_idempotent``.
+    ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
+    ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
+    ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past it
+    the connection is closed instead.
+    """
+
+    layer: str = "client"
+    retry: RetryPolicy = DEFAULT_RETRY
+    retry_statuses: frozenset[int] = frozenset({502, 503, 504})
+    throttle_statuses: frozenset[int] = frozenset({429})
+    idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS
+    idempotency_header: str | None = "Idempotency-Key"
+    retry_non_idempotent: bool = False
+    originator: bool = False
+    bucket: BucketPolicy | None = BucketPolicy()
+    breaker: BreakerPolicy | None = None
+    attempt_timeout: float | None = None
+    max_discard: int = 65_536
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layer, str) or not valid_name(self.layer):
+            raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
+        for name, kinds in (("retry", RetryPolicy), ("bucket", (BucketPolicy, type(None))),
+                            ("breaker", (BreakerPolicy, type(None)))):
+            if not isinstance(getattr(self, name), kinds):
+                raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), got {getattr(self, name)!r}")
+        for name in ("retry_statuses", "throttle_statuses"):
+            statuses = getattr(self, name)
+            if not all(type(s) is int and 100 <= s <= 599 for s in statuses):
+                raise ValueError(f"{name} must hold HTTP status codes (100..599), got {statuses!r}")
+            object.__setattr__(self, name, frozenset(statuses))
+        if not all(isinstance(m, str) and m.isascii() and m.isalpha() for m in self.idempotent_methods):
+            raise ValueError(f"idempotent_methods must be method names, got {self.idempotent_methods!r}")
+        object.__setattr__(self, "idempotent_methods", frozenset(m.upper() for m in self.idempotent_methods))
+        header = self.idempotency_header
+        if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
+            raise ValueError(f"idempotency_header must be a header name or None, got {header!r}")
+        t = self.attempt_timeout
+        if t is not None and not (isinstance(t, int | float) and 0 < t <= MAX_RETRY_AFTER):
+            raise ValueError(f"attempt_timeout must be within (0, 86400] s or None, got {t!r}")
+        if type(self.max_discard) is not int or not 0 <= self.max_discard <= 1 << 26:
+            raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
+
+
+# --- what an attempt came to -----------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """An attempt as the integration judged it. ``failure`` is ``None`` when the attempt is the answer.
+
+    ``health`` is the breaker's verdict on the target: ``True`` healthy, ``False`` failing, ``None`` no
+    verdict (the client's own 4xx says nothing about the target).
+    """
+
+    failure: Failure | None
+    reply: Reply | None = None
+    health: bool | None = True
+
+
+REFUSED_OUTCOME = Outcome(Failure(True, None, REFUSED), None, False)
+"""The request provably never reached the target (refused, connect timeout): retry, nothing was spent."""
+LOST_OUTCOME = Outcome(Failure(True, None, LOST), None, False)
+"""Sent, and no response (read timeout, reset): the target may have spent all it was forwarded."""
+
+
+def parse_retry_after(value: str | bytes | None, wall: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value (delay-seconds or an HTTP-date), within 0..86400.
+
+    ``None`` if absent or malformed (counted as ``malformed.retry-after``); a date in the past is 0.
+    ``wall``: the current Unix time (``time.time()`` if not given).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    text = value.strip()
+    if not text or len(text) > 64 or not text.isascii():
+        context.count("malformed.retry-after")
+        return None
+    if text.isdigit():
+        return min(float(text), MAX_RETRY_AFTER) if len(text) <= 12 else MAX_RETRY_AFTER
+    try:
+        when = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        context.count("malformed.retry-after")
+        return None
+    seconds = when - (time.time() if wall is None else wall)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
+
+
+def judge_http(policy: ClientPolicy, status: int, headers: Any, wall: float | None = None) -> Outcome:
+    """An HTTP response as an attempt's outcome: statuses >= 500, the retry and throttle statuses fail.
+
+    ``headers``: any mapping with ``get`` (httpx, requests, ``email.message``). Everything else is the
+    answer, even a 404: the target answered, and retrying would not change it.
+    """
+    return judge_reply(policy, status, read_reply(headers), headers, wall)
+
+
+def judge_reply(policy: ClientPolicy, status: int, reply: Reply | None, headers: Any,
+                wall: float | None = None) -> Outcome:
+    """:func:`judge_http` for a reply already read (``headers`` is read only for Retry-After)."""
+    if status < 500 and status not in policy.retry_statuses and status not in policy.throttle_statuses:
+        if status < 400:
+            return _ANSWERED_PLAIN if reply is None else Outcome(None, reply, True)
+        return Outcome(None, reply, None)
+    retry_after = parse_retry_after(headers.get("retry-after"), wall)
+    retryable = status in policy.retry_statuses or (status in policy.throttle_statuses and retry_after is not None)
+    return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, False)
+
+
+_ANSWERED_PLAIN = Outcome(None, None, True)
+
+# Parsed replies by their raw value. A target answers the same few values (``v=1, b=2``) over and over,
+# and a Reply is immutable, so each is parsed once. Bounded: values longer than 64 characters, and any
+# value once 256 are kept, are parsed every time.
+_REPLIES: dict[str | bytes, Reply] = {}
+_MAX_CACHED_REPLIES = 256
+
+
+class _Raw:
+    """Raw ``askonce-reply`` values, as ``context.extract_reply`` reads them (two or more: malformed)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[str | bytes]) -> None:
+        self.values = values
+
+    def get_all(self, name: str) -> Sequence[str | bytes]:
+        return self.values
+
+
+def reply_from(values: Sequence[str | bytes]) -> Reply | None:
+    """The reply among a response's raw ``askonce-reply`` values; ``None`` if absent or malformed (counted).
+
+    What ``context.extract_reply`` returns for a header mapping holding ``values``, read from a cache for
+    the values seen before.
+    """
+    if len(values) == 1:
+        raw = values[0]
+        cached = _REPLIES.get(raw)
+        if cached is not None:
+            return cached
+        reply = context.extract_reply(_Raw(values))
+        if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
+            _REPLIES[raw] = reply
+        return reply
+    return None if not values else context.extract_reply(_Raw(values))
+
+
+def read_reply(headers: Any) -> Reply | None:
+    """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can be."""
+    raw = context._header(headers, REPLY_HEADER)
+    if raw is None:
+        return None
+    cached = _REPLIES.get(raw)
+    if cached is not None:
+        return cached
+    reply = context.extract_reply(headers)
+    if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
+        _REPLIES[raw] = reply
+    return reply
+
+
+def is_idempotent(policy: ClientPolicy, method: str, headers: Any) -> bool:
+    """May this request be repeated after it may have reached the target?"""
+    if policy.retry_non_idempotent or method.upper() in policy.idempotent_methods:
+        return True
+    return policy.idempotency_header is not None and headers.get(policy.idempotency_header) is not None
