@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -217,3 +220,16 @@ def test_what_format_question_writes_takes_the_fast_path() -> None:
     text = format_question(KEY, "edge", True, 2, 1.5, (Hop("edge", 1), Hop("gw", 3)))
     assert wire._parse_canonical(text, 0.0, Limits()) == _general(text)
     assert wire._parse_canonical(text + ", x=1", 0.0, Limits()) is None  # extras: the general parser decides
+
+
+def test_the_general_parser_is_imported_only_when_a_header_needs_it() -> None:
+    # askonce.core.sfv is kept out of ``import askonce`` and of the canonical fast path; wire.parse_dictionary
+    # is the one entry to it, so swapping that name swaps the parser under parse_question and parse_reply.
+    code = (
+        "import sys, askonce; from askonce.core import wire; loaded = lambda: 'askonce.core.sfv' in sys.modules; "
+        "a = loaded(); wire.parse_question(wire.format_question('k' * 16, 'o', True, 2, 1.0), 0.0); b = loaded(); "
+        "r = wire.parse_reply('v=1, b=2'); from askonce.core import sfv; "
+        "print(a, b, loaded(), r == wire.Reply(2), wire._general_parse is sfv.parse_dictionary)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False", "True", "True", "True"]

@@ -1,7 +1,7 @@
 """The hand-written wire parser against a full RFC 9651 parser (``http-sfv``), with hypothesis.
 
-``askonce.core.wire`` parses a strict *subset* of structured-field dictionaries. Three properties keep
-that claim honest:
+``askonce.core.wire`` parses a strict *subset* of structured-field dictionaries (``wire.parse_dictionary``,
+the general parser in ``askonce.core.sfv``). Three properties keep that claim honest:
 
 (a) whatever our parser accepts, http-sfv accepts too, with the same members and values (we may reject
     more: parameters, decimals, duplicates, ...; we must never accept what the RFC does not);

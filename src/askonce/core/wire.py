@@ -1,15 +1,11 @@
 """The wire format: ``askonce-question`` and ``askonce-reply``, strict and bounded.
 
-Both headers are RFC 9651 structured-field dictionaries. This module parses a *strict subset* of that
-grammar by hand (the choice was measured, see ``docs/benchmarks.md``): integers, booleans, strings,
-tokens, byte sequences and inner lists of those (a string inside an inner list may not contain a
-parenthesis), with no parameters, no decimals and no duplicate members. Anything outside the subset,
-over the size limit, of an unknown version, or with a value out of range is rejected *as a whole*: the
-parse functions return a :class:`Malformed` carrying the reason and never raise. Every accepted header
-is also accepted, with the same values, by a full RFC 9651 parser (``tests/test_wire_differential.py``
-checks it against ``http-sfv``). What ``format_question`` writes is recognised by one regular expression
-first (the canonical fast path); anything else goes through the general parser, and the two are checked
-to agree.
+Both headers are RFC 9651 structured-field dictionaries, parsed as a *strict subset* of that grammar
+(:mod:`askonce.core.sfv`, the general parser). Anything outside the subset, over the size limit, of an
+unknown version, or with a value out of range is rejected *as a whole*: the parse functions return a
+:class:`Malformed` carrying the reason and never raise. What ``format_question`` writes is recognised by
+one regular expression first (the canonical fast path, here); anything else goes through the general
+parser, and the two are checked to agree.
 
 Receivers clamp what they accept to their own :class:`Limits`: a caller cannot raise a callee's budget
 or deadline above what the callee allows.
@@ -23,6 +19,7 @@ import base64
 import binascii
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from askonce.core.question import Account, Frame, Hop, Question, Tab
@@ -94,123 +91,21 @@ class Reply:
     pushback: float | None = None
 
 
-# --- the strict structured-field subset -------------------------------------------------------------
+# --- the general parser ------------------------------------------------------------------------------
 
-_KEY = r"[a-z*][a-z0-9_.*-]*"
-_ITEM = (
-    r"(?P<i>-?[0-9]{1,15})(?![0-9.])"
-    r'|"(?P<s>(?:[ !#-\[\]-~]|\\["\\])*)"'
-    r"|\?(?P<b>[01])"
-    r"|(?P<t>[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*)"
-    r"|:(?P<y>[A-Za-z0-9+/]*={0,2}):"
-)
-
-
-class _General:
-    """The general parser's expressions, compiled on first use: most processes only ever meet the
-    canonical form, and compiling at import would cost every ``import askonce`` about a millisecond."""
-
-    def __init__(self) -> None:
-        self.member = re.compile(rf"(?P<k>{_KEY})(?:=(?:{_ITEM}|\((?P<l>[^()]*)\)))?")
-        self.inner_item = re.compile(_ITEM)
-        self.sep = re.compile(r"[ \t]*,[ \t]*")
-        self.spaces = re.compile(r" +")
-        self.escape = re.compile(r"\\([\"\\])")
-
-
-_general: _General | None = None
-
-
-def _rx() -> _General:
-    global _general
-    if _general is None:
-        _general = _General()
-    return _general
-
-
-def _item(m: re.Match[str]) -> Item | None:
-    i = m.group("i")
-    if i is not None:
-        return int(i)
-    s = m.group("s")
-    if s is not None:
-        return _rx().escape.sub(r"\1", s) if "\\" in s else s
-    b = m.group("b")
-    if b is not None:
-        return b == "1"
-    t = m.group("t")
-    if t is not None:
-        return Token(t)
-    y = m.group("y")
-    if y is None or len(y) % 4:
-        return None
-    try:
-        return base64.b64decode(y, validate=True)
-    except binascii.Error:
-        return None
-
-
-def _inner(text: str) -> list[Item] | None:
-    body = text.strip(" ")
-    rx = _rx()
-    if not body:
-        return []
-    out: list[Item] = []
-    pos, end = 0, len(body)
-    while True:
-        m = rx.inner_item.match(body, pos)
-        if m is None:
-            return None
-        value = _item(m)
-        if value is None:
-            return None
-        out.append(value)
-        pos = m.end()
-        if pos == end:
-            return out
-        s = rx.spaces.match(body, pos)
-        if s is None:
-            return None
-        pos = s.end()
+_general_parse: Callable[[str], dict[str, Value] | Malformed] | None = None
 
 
 def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
-    """Parse the strict subset of an RFC 9651 dictionary. Never raises; never works past the size limit."""
-    if len(text) > MAX_HEADER_CHARS:
-        return Malformed("too-long")
-    if not text.isascii():
-        return Malformed("not-ascii")
-    text = text.strip(" ")
-    rx = _rx()
-    out: dict[str, Value] = {}
-    pos, end = 0, len(text)
-    while pos < end:
-        m = rx.member.match(text, pos)
-        if m is None:
-            return Malformed("syntax")
-        key = m.group("k")
-        if key in out:
-            return Malformed("duplicate")
-        if m.group("l") is not None:
-            items = _inner(m.group("l"))
-            if items is None:
-                return Malformed("syntax")
-            out[key] = items
-        elif m.end() - m.start() == len(key):
-            out[key] = True  # a bare member is boolean true
-        else:
-            value = _item(m)
-            if value is None:
-                return Malformed("syntax")
-            out[key] = value
-        pos = m.end()
-        if pos == end:
-            break
-        sep = rx.sep.match(text, pos)
-        if sep is None or sep.end() == end:  # something after a member, or a trailing comma
-            return Malformed("syntax")
-        pos = sep.end()
-    return out
+    """Parse the strict subset of an RFC 9651 dictionary (:mod:`askonce.core.sfv`). Never raises; never
+    works past the size limit. ``parse_question`` and ``parse_reply`` call this name (so a benchmark can
+    swap it). The parser is imported at the first call: the canonical fast path never needs it."""
+    global _general_parse
+    if _general_parse is None:
+        from askonce.core import sfv  # not at the top: ``import askonce`` should not pay for it
+
+        _general_parse = sfv.parse_dictionary
+    return _general_parse(text)
 
 
 # --- askonce-question -------------------------------------------------------------------------------
