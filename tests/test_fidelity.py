@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from askonce.core.breaker import BreakerPolicy
 from askonce.demo import params
 from askonce.sim import fidelity
 from askonce.sim.fidelity import predict_demo, success_within, within
@@ -199,3 +200,19 @@ def test_a_model_without_the_services_breaker_would_be_caught(measured: dict[str
     rows = fidelity.compare(measured, predict_demo(measured))
     outage = next(r for r in rows if (r["scenario"], r["policy"]) == ("outage", "askonce"))
     assert not outage["arrivals_ok"]  # 3 arrivals per question instead of about 0.5
+
+
+@pytest.mark.parametrize("budget", [3, 4, 6])
+def test_the_demo_breaker_keeps_an_outage_to_three_arrivals_whatever_the_budget(
+        budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/demo.md: the breaker at the layer nearest the target opens on the third failure in a row, so
+    # no question's fourth try leaves the service, however much budget the question still has. 40 runs of
+    # the simulator's own jitter (the order in which concurrent questions fail differs from run to run).
+    scenario = dataclasses.replace(params.scenarios()["outage"], budget=budget, duration=3.0)
+    row = fidelity.simulate(scenario, "askonce", draws="independent", repeats=40)
+    assert row["arrivals_per_question"]["max"] == 3
+    # With a breaker that never opens, the budget alone bounds the first questions: 1 + budget.
+    never = BreakerPolicy(window_size=100_000, minimum_calls=100_000)
+    monkeypatch.setattr(params, "DEMO_BREAKER", never)
+    row = fidelity.simulate(scenario, "askonce", draws="independent", repeats=2)
+    assert row["arrivals_per_question"]["max"] == 1 + budget
