@@ -61,7 +61,9 @@ from askonce.core.retry import (
     GiveUp,
     RetryState,
     Wait,
+    attempt_deadline,
     fits,
+    own_deadline,
     settle,
 )
 from askonce.core.wire import Reply, format_question
@@ -235,7 +237,7 @@ def _raise(state: RetryState, breaker: Any, give_up: GiveUp, last: BaseException
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the general loop (``_flow``)."""
 
-    __slots__ = ("bucket", "exchange", "first", "idempotent", "path", "tab", "target")
+    __slots__ = ("bucket", "exchange", "first", "forwarded", "idempotent", "left", "path", "tab", "target")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str, idempotent: bool,
                  now: float) -> None:
@@ -252,6 +254,8 @@ class _Call:
         self.target = target
         self.idempotent = idempotent
         self.first = self.path + caller._first
+        self.forwarded: float | None = None  # the seconds the latest attempt gave the callee
+        self.left: float | None = None  # the question's seconds left when it was sent
         self.bucket: BucketHandle | AsyncBucketHandle | None = (
             None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
         if self.bucket is not None:
@@ -269,6 +273,26 @@ class _Call:
             if limit is None or left < limit:
                 limit = left
         return limit
+
+    def send_for(self, policy: ClientPolicy, limit: float | None, now: float) -> float | None:
+        """The seconds an attempt that waits ``limit`` gives its callee (noted for :meth:`judged`).
+
+        With no ``deadline_grace`` the callee gets the whole limit and nothing is noted: its answer at
+        that deadline stays a do-not-retry, as it was before the grace existed.
+        """
+        if not policy.deadline_grace:
+            return limit
+        forwarded = self.forwarded = attempt_deadline(limit, policy.deadline_grace)
+        deadline = self.tab.deadline
+        self.left = None if deadline is None else deadline - now
+        return forwarded
+
+    def judged(self, outcome: Outcome) -> Outcome:
+        """``outcome`` with a callee's answer at the deadline this attempt gave it read as a timeout."""
+        failure = outcome.failure
+        if failure is None or self.forwarded is None or failure.reply is None or not failure.reply.dnr:
+            return outcome
+        return outcome._replace(failure=own_deadline(failure, self.forwarded, self.left))
 
     def state(self, caller: Caller, held: int) -> RetryState:
         """The core's state of this call after a first attempt sent with ``held`` forwarded."""
@@ -290,7 +314,7 @@ class _Call:
 
     def answered(self, caller: Caller, held: int, response: Any) -> _First | None:
         """The fast first attempt came back: ``None`` if it is the answer (settled), else where to go on."""
-        outcome = self.exchange.judge(response)
+        outcome = self.judged(self.exchange.judge(response))
         if outcome.failure is None:
             settle(self.tab.account, held, ANSWERED, outcome.reply)  # what RetryState.on_success settles
             return None
@@ -331,7 +355,8 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
             if breaker is not None and not (yield partial(breaker.allow, now)):
                 raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
             limit = call.limit(policy, now)
-            header = context.question_header((call.tab, (*call.path, action.hop)), now, limit, state.forward())
+            forwarded = call.send_for(policy, limit, now)
+            header = context.question_header((call.tab, (*call.path, action.hop)), now, forwarded, state.forward())
             response = None
             try:
                 response = yield partial(exchange.send, header, limit)
@@ -344,7 +369,7 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
                     raise
                 outcome, last = judged, exc
             else:
-                outcome, last = exchange.judge(response), None
+                outcome, last = call.judged(exchange.judge(response)), None
         first = None
         now = clock()
         if breaker is not None:
@@ -420,10 +445,11 @@ class Caller:
         if self._breakers is not None or not fits(self.policy.retry, call.tab.deadline, now):
             return call  # the general loop from the start: the breaker, or the give-up, is the core's to decide
         limit = call.limit(self.policy, now)
+        forwarded = call.send_for(self.policy, limit, now)
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
         tab = call.tab  # the limit already holds the deadline: what context.question_header would send
-        return call, limit, held, format_question(tab.key, tab.origin, tab.edge, held, limit, call.first, tab.sig)
+        return call, limit, held, format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first, tab.sig)
 
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
         """Run one call to ``target`` (the key of its bucket and breaker) until answered or given up."""

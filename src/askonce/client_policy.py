@@ -41,6 +41,12 @@ class ClientPolicy:
     ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
     ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past it
     the connection is closed instead.
+    ``deadline_grace``: seconds (at most a tenth of the attempt's limit) by which the deadline sent with
+    an attempt falls short of how long the client waits for it, so that an askonce callee's answer at that
+    deadline, which says what it spent, still arrives; such an answer is then retried like a timeout
+    (``core.retry.own_deadline``). 0 (the default): the callee gets the whole wait, its answer at that
+    deadline is a do-not-retry, and an attempt that times out is lost and its forwarded budget forfeited
+    (fail closed): timeouts are not retried.
     """
 
     layer: str = "client"
@@ -55,6 +61,7 @@ class ClientPolicy:
     breaker: BreakerPolicy | None = None
     attempt_timeout: float | None = None
     max_discard: int = 65_536
+    deadline_grace: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not valid_name(self.layer):
@@ -77,6 +84,9 @@ class ClientPolicy:
         t = self.attempt_timeout
         if t is not None and not (isinstance(t, int | float) and 0 < t <= MAX_RETRY_AFTER):
             raise ValueError(f"attempt_timeout must be within (0, 86400] s or None, got {t!r}")
+        g = self.deadline_grace
+        if isinstance(g, bool) or not isinstance(g, int | float) or not 0 <= g <= 10:
+            raise ValueError(f"deadline_grace must be within 0..10 s, got {g!r}")
         if type(self.max_discard) is not int or not 0 <= self.max_discard <= 1 << 26:
             raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
 
