@@ -7,6 +7,7 @@ interrupt a demo (SIGINT) and kill one outright (SIGKILL): its children must not
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import itertools
@@ -357,3 +358,17 @@ def test_cli_defaults_agree_with_the_demo_parameters() -> None:
 
     assert cli.DEMO_BUDGET == params.DEMO_BUDGET
     assert cli.SCENARIOS == params.SCENARIOS
+
+
+def test_the_grace_reaches_every_scenario_and_absurd_values_are_refused() -> None:
+    from askonce.demo.cli import _grace
+
+    assert {s.grace for s in scenarios(grace=0.1).values()} == {0.1}
+    assert {s.grace for s in scenarios().values()} == {0.0}
+    for bad in ("nan", "-1", "11", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _grace(bad)
+    with pytest.raises(ValueError, match="grace"):
+        scenarios(grace=float("nan"))
+    with pytest.raises(ValueError, match="grace"):
+        LayerSettings(grace=-0.5)

@@ -216,3 +216,14 @@ def test_the_demo_breaker_keeps_an_outage_to_three_arrivals_whatever_the_budget(
     monkeypatch.setattr(params, "DEMO_BREAKER", never)
     row = fidelity.simulate(scenario, "askonce", draws="independent", repeats=2)
     assert row["arrivals_per_question"]["max"] == 1 + budget
+
+
+def test_with_a_deadline_grace_the_slow_questions_are_retried_in_the_model_too() -> None:
+    # docs/demo.md, --grace: a try cut at its deadline is answered in time and retried like a timeout.
+    slow = params.scenarios()["slow"]
+    without = fidelity.simulate(slow, "askonce")
+    with_grace = fidelity.simulate(dataclasses.replace(slow, grace=0.1), "askonce")
+    assert without["success_rate"] < 0.93 and without["arrivals_per_question"]["max"] == 1
+    assert with_grace["success_rate"] > 0.97
+    assert 1 < with_grace["arrivals_per_question"]["mean"] < 1.2
+    assert with_grace["arrivals_per_question"]["max"] <= 1 + slow.budget

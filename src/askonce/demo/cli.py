@@ -26,6 +26,16 @@ def _scenarios(text: str) -> tuple[str, ...]:
     return names
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 10:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"seconds within 0..10, got {text!r}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``demo`` to an ``argparse`` sub-parser group and set its handler (``func``)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -45,6 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="seed of the load, the keys and the target's failures")
     p.add_argument("--budget", type=int, default=DEMO_BUDGET, choices=range(11), metavar="N",
                    help=f"retries an askonce question may cost in all, across every layer (default {DEMO_BUDGET})")
+    p.add_argument("--grace", type=_grace, default=0.0, metavar="S",
+                   help="askonce clients' deadline_grace: retry timed-out tries whose callee answers at "
+                        "its deadline (default 0, off, as in the library)")
     p.add_argument("--in-process", action="store_true",
                    help="no sockets: the three layers' arithmetic in one process (needs no extra package)")
     g = p.add_argument_group("--in-process only")
@@ -60,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from askonce.demo.main import Options, run_demo
 
     return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json, out=args.out,
-                            redis=args.redis, seed=args.seed, budget=args.budget, command=_command(args)))
+                            redis=args.redis, seed=args.seed, budget=args.budget, grace=args.grace,
+                            command=_command(args)))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -74,6 +88,8 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--seed", str(args.seed)]
     if args.budget != DEMO_BUDGET:
         words += ["--budget", str(args.budget)]
+    if args.grace:
+        words += ["--grace", f"{args.grace:g}"]
     if args.redis:
         words += ["--redis", args.redis]
     return shlex.join(words)

@@ -61,6 +61,7 @@ class EdgePlan:
     attempts: int
     timeout: float
     budget: int = 2
+    grace: float = 0.0  # askonce: ClientPolicy.deadline_grace
     backoff_base: float = 0.05
     backoff_cap: float = 1.0
     seed: int = 1
@@ -79,7 +80,7 @@ def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
 
         store = MemoryStore(askonce.context.monotonic)
     policy = ClientPolicy(
-        layer="edge", originator=True, attempt_timeout=plan.timeout,
+        layer="edge", originator=True, attempt_timeout=plan.timeout, deadline_grace=plan.grace,
         retry=RetryPolicy(attempts=plan.attempts, budget=plan.budget, deadline=plan.deadline,
                           backoff=Backoff(base=plan.backoff_base, cap=plan.backoff_cap)),
     )  # fmt: skip

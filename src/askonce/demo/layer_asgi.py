@@ -83,7 +83,7 @@ class Layer:
             retry=RetryPolicy(attempts=settings.attempts,
                               backoff=Backoff(base=settings.backoff_base, cap=max(settings.backoff_cap,
                                                                                    settings.backoff_base))),
-            attempt_timeout=settings.timeout,
+            attempt_timeout=settings.timeout, deadline_grace=settings.grace,
             breaker=DEMO_BREAKER if settings.breaker else None,
         )  # fmt: skip
         for _ in range(POOLS):

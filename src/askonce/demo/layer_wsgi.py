@@ -76,7 +76,7 @@ class Api:
                 retry=RetryPolicy(attempts=settings.attempts,
                                   backoff=Backoff(base=settings.backoff_base,
                                                   cap=max(settings.backoff_cap, settings.backoff_base))),
-                attempt_timeout=settings.timeout,
+                attempt_timeout=settings.timeout, deadline_grace=settings.grace,
                 breaker=DEMO_BREAKER if settings.breaker else None,
             )  # fmt: skip
             self.session = askonce_session(policy, store=store, pool_connections=4, pool_maxsize=POOL)

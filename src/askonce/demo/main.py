@@ -37,6 +37,7 @@ class Options:
     redis: str | None = None
     seed: int = 1
     budget: int = DEMO_BUDGET
+    grace: float = 0.0
     command: str = "askonce demo"
 
 
@@ -92,7 +93,7 @@ def run_demo(opts: Options) -> int:
             return 2
     out = opts.out or Path(f"askonce-report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     console = err if opts.json else Console(width=width)
-    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget).items() if n in opts.scenarios}
+    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace).items() if n in opts.scenarios}
     plan = lanes(chosen)
     started = time.monotonic()
     from askonce.demo import measure, report
@@ -175,7 +176,8 @@ def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[
         "command": opts.command,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}",
-        "quick": opts.quick, "seed": opts.seed, "budget": opts.budget, "redis": opts.redis is not None,
+        "quick": opts.quick, "seed": opts.seed, "budget": opts.budget, "grace": opts.grace,
+        "redis": opts.redis is not None,
         "elapsed_s": round(elapsed, 1), "report_dir": str(out), "pids": pids, "notes": notes,
     }  # fmt: skip
 

@@ -30,6 +30,10 @@ DEFAULT_TIMEOUT = 5.0  # httpx's own default: the middle layers' per-attempt tim
 DEMO_BREAKER = BreakerPolicy(window="count", window_size=20, minimum_calls=3, failure_rate=0.9, open_for=1.0,
                              half_open_probes=1)
 DEMO_BUDGET = 3
+# ClientPolicy.deadline_grace of every askonce client in the demo (--grace): off, as in the library.
+# With 0.1 the slow scenario answers everything at fewer arrivals than naive, but timed-out tries in the
+# overload become retries and slow its recovery (docs/demo.md).
+DEMO_GRACE = 0.0
 
 S = TypeVar("S")
 
@@ -73,6 +77,7 @@ class LayerSettings:
     backoff_base: float = 0.05
     backoff_cap: float = 1.0
     breaker: bool = False
+    grace: float = DEMO_GRACE
     seed: int = 1
     redis: str | None = None
     prefix: str = "askonce-demo"
@@ -80,6 +85,7 @@ class LayerSettings:
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
         _check(isinstance(self.downstream, str), "downstream must be a URL", self.downstream)
+        _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10", self.grace)
         _check(type(self.attempts) is int and 1 <= self.attempts <= 10, "attempts must be within 1..10",
                self.attempts)
         for name in ("timeout", "backoff_base", "backoff_cap"):
@@ -204,10 +210,12 @@ class Scenario:
     trigger: Trigger | None = None
     window: float = 5.0
     budget: int = DEMO_BUDGET
+    grace: float = DEMO_GRACE  # the askonce clients' deadline_grace
     note: str = ""
 
 
-def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET) -> dict[str, Scenario]:
+def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
+              grace: float = DEMO_GRACE) -> dict[str, Scenario]:
     """The four scenarios with their parameters; ``quick`` shortens every one (fewer questions).
 
     ``budget``: the retries each askonce question may cost in all (minted at the edge).
@@ -239,4 +247,6 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET) -> 
             note=f"8 workers x 100 ms = 80/s; open load 64/s; capacity cut to 20% for {cut:g} s; "
                  "3 s deadline, 1 s per attempt"),
     }
-    return {name: replace(s, budget=budget) for name, s in out.items()}
+    if not (_number(grace) and 0 <= grace <= 10):
+        raise ValueError(f"grace must be seconds within 0..10, got {grace!r}")
+    return {name: replace(s, budget=budget, grace=grace) for name, s in out.items()}

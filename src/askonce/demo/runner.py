@@ -58,7 +58,7 @@ class Runner:
                 mode="askonce" if policy == "askonce" else "naive",
                 downstream=self.stack.url(CHAIN[i + 1]),
                 attempts=1 if policy == "no-retry" else 3,
-                timeout=scenario.layer_timeout,
+                timeout=scenario.layer_timeout, grace=scenario.grace,
                 breaker=policy == "askonce" and name == "service",  # the layer nearest the target
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),
             )  # fmt: skip
@@ -78,7 +78,7 @@ class Runner:
         plan = edge.EdgePlan(
             url=self.stack.url("gateway") + "/q", policy=policy, keys=keys, schedule=schedule,
             deadline=scenario.deadline, attempts=1 if policy == "no-retry" else scenario.edge_attempts,
-            timeout=scenario.edge_timeout, budget=scenario.budget, seed=self.seed,
+            timeout=scenario.edge_timeout, budget=scenario.budget, grace=scenario.grace, seed=self.seed,
             stop_at=scenario.duration if trigger is not None else None, store=self._edge_store(prefix, policy),
         )  # fmt: skip
         clients = edge.clients_for(plan)
@@ -123,6 +123,7 @@ class Runner:
         row = measure.summarize(scenario.name, policy, asked, per_key, scenario.deadline, counts)
         row["settled"] = settled
         row["budget"] = scenario.budget
+        row["grace"] = scenario.grace
         goodput: list[int] = []
         trigger = scenario.trigger
         if trigger is not None:

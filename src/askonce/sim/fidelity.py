@@ -78,9 +78,10 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
     if policy not in ("no-retry", "naive", "askonce"):
         raise ValueError(f"policy must be one of no-retry, naive, askonce, got {policy!r}")
     layer = demo_params.LayerSettings()
-    return preset(policy, Knobs(attempts=layer.attempts, budget=scenario.budget, breaker=demo_params.DEMO_BREAKER,
-                                backoff=Backoff(layer.backoff_base, max(layer.backoff_cap, layer.backoff_base)),
-                                shared=True))  # fmt: skip
+    chosen = preset(policy, Knobs(attempts=layer.attempts, budget=scenario.budget, breaker=demo_params.DEMO_BREAKER,
+                                  backoff=Backoff(layer.backoff_base, max(layer.backoff_cap, layer.backoff_base)),
+                                  shared=True))  # fmt: skip
+    return dataclasses.replace(chosen, grace=scenario.grace) if chosen.propagate else chosen
 
 
 def world_for(scenario: Scenario, *, latency: float = HOP_LATENCY) -> World:

@@ -29,6 +29,7 @@ class Policy:
     breaker_everywhere: bool = True  # ...on every layer, or only on the layer nearest the target
     shared: bool = False  # layer 1's bucket and breaker shared by every client (a fleet-wide store)
     shed: bool = False  # the target refuses, and cancels, work past the propagated deadline
+    grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)
 
     def __post_init__(self) -> None:
         if not valid_name(self.name):
@@ -37,6 +38,8 @@ class Policy:
             raise ValueError(f"attempts must be within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
         if not 0 <= self.budget <= MAX_BUDGET:
             raise ValueError(f"budget must be within 0..{MAX_BUDGET}, got {self.budget!r}")
+        if not 0 <= self.grace <= 10:
+            raise ValueError(f"grace must be within 0..10 s, got {self.grace!r}")
 
 
 @dataclass(frozen=True, slots=True)
