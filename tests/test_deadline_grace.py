@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import askonce
 from askonce import NO_WAIT, Reply, RetryPolicy
 from askonce.client import ClientPolicy
-from askonce.core.retry import ANSWERED, LOST, Failure, attempt_deadline, own_deadline
+from askonce.core.retry import ANSWERED, LOST, QUESTION_MARGIN, Failure, attempt_deadline, own_deadline
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from e2e_services import uvicorn_running
@@ -36,6 +36,9 @@ def test_the_callee_gets_the_limit_less_the_grace_and_never_less_than_nine_tenth
     assert forwarded is not None
     assert forwarded == pytest.approx(limit - min(grace, limit / 10))
     assert 0.9 * limit - 1e-9 <= forwarded <= limit
+    # Where the question's own deadline sets the limit, a hop keeps back only the margin.
+    assert attempt_deadline(limit, grace, limit) == pytest.approx(limit - min(grace, limit / 10, QUESTION_MARGIN))
+    assert attempt_deadline(limit, grace, 2 * limit + 1) == forwarded
 
 
 def test_no_limit_or_no_grace_forwards_the_limit_itself() -> None:
@@ -54,6 +57,7 @@ def test_an_answer_at_the_attempts_own_deadline_is_a_timeout_with_the_budget_it_
 @pytest.mark.parametrize("failure, forwarded, left", [
     (DEADLINE, 3.0, 3.0),  # the attempt gave the callee all the question had: the question's deadline
     (DEADLINE, 2.9995, 3.0),  # the same to the millisecond the header carries
+    (DEADLINE, 2.98, 3.0),  # the question's deadline less the margin a hop keeps for the answer
     (DEADLINE, None, 3.0),  # no deadline was sent
     (Failure(True, Reply(2, True, "exhausted"), ANSWERED), 0.9, 3.0),  # another give-up passes on as it is
     (Failure(True, Reply(2), ANSWERED), 0.9, 3.0),  # a plain failure

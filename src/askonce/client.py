@@ -282,9 +282,9 @@ class _Call:
         """
         if not policy.deadline_grace:
             return limit
-        forwarded = self.forwarded = attempt_deadline(limit, policy.deadline_grace)
         deadline = self.tab.deadline
-        self.left = None if deadline is None else deadline - now
+        left = self.left = None if deadline is None else deadline - now
+        forwarded = self.forwarded = attempt_deadline(limit, policy.deadline_grace, left)
         return forwarded
 
     def judged(self, outcome: Outcome) -> Outcome:

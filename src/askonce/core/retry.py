@@ -105,34 +105,44 @@ def settle(account: Account, held: int, delivery: str, reply: Reply | None) -> N
 
 # Two deadlines within a millisecond are the same: the header carries whole milliseconds.
 _SAME_DEADLINE = 0.001
+# What a hop keeps back of the question's own deadline for its callee's answer to reach it (with a grace).
+QUESTION_MARGIN = 0.02
 
 
-def attempt_deadline(limit: float | None, grace: float) -> float | None:
+def attempt_deadline(limit: float | None, grace: float, left: float | None = None) -> float | None:
     """The seconds a callee is given for an attempt its caller waits ``limit`` seconds for.
 
     ``grace`` seconds fewer, and never more than a tenth of ``limit`` fewer: an askonce callee answers at
     its deadline with the budget it has left, and that answer must arrive while the caller still waits,
     or the call is lost and what it forwarded is forfeited (fail closed). ``grace`` 0: the whole limit.
+
+    ``left``: the question's own seconds left. Where it, not the attempt's timeout, sets the limit, a
+    retry after the callee's answer could not fit anyway; what the answer still brings back is the budget
+    it reports, for the callers above, so the callee loses only ``QUESTION_MARGIN`` of the question's
+    time at each hop instead of the whole grace.
     """
     if limit is None or grace <= 0:
         return limit
-    return limit - min(grace, 0.1 * limit)
+    trim = min(grace, 0.1 * limit)
+    if left is not None and limit >= left - _SAME_DEADLINE:
+        trim = min(trim, QUESTION_MARGIN)
+    return limit - trim
 
 
 def own_deadline(failure: Failure, forwarded: float | None, left: float | None) -> Failure:
     """A callee's ``deadline`` give-up, read against the deadline this caller gave it.
 
-    If the attempt gave the callee less time than the question had left (``forwarded`` < ``left``, both
-    seconds at sending; ``left`` ``None``: no question deadline), the callee ran out of *this attempt's*
-    time, not the question's: a timeout that the callee answered. It is retried like a timeout, with the
-    budget the reply says is left, and the question's own deadline and budget still decide. Any other
-    failure is returned as it is.
+    If the attempt gave the callee less time than the question had left (``forwarded`` < ``left`` by more
+    than ``QUESTION_MARGIN``, both seconds at sending; ``left`` ``None``: no question deadline), the
+    callee ran out of *this attempt's* time, not the question's: a timeout that the callee answered. It
+    is retried like a timeout, with the budget the reply says is left, and the question's own deadline
+    and budget still decide. Any other failure is returned as it is.
     """
     reply = failure.reply
     if reply is None or not reply.dnr or reply.reason != "deadline" or forwarded is None:
         return failure
-    if left is not None and forwarded >= left - _SAME_DEADLINE:
-        return failure
+    if left is not None and forwarded >= left - QUESTION_MARGIN - _SAME_DEADLINE:
+        return failure  # the question's own deadline set the attempt's: no retry could fit after it
     return Failure(True, Reply(reply.budget), ANSWERED, failure.retry_after)
 
 

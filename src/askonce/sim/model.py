@@ -269,7 +269,7 @@ class Sim:
             child.left = rem
             if timeout is not None and (rem is None or timeout < rem):  # the tighter of deadline and patience
                 rem = timeout
-            child.remaining = attempt_deadline(rem, self.policy.grace)  # the client's Call.send_for
+            child.remaining = attempt_deadline(rem, self.policy.grace, child.left)  # the client's Call.send_for
             child.path = (*c.path, act.hop)
         c.out = child
         c.sent = now
