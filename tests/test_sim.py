@@ -316,3 +316,14 @@ def test_breaker_flags_change_only_the_breaker_and_refuse_absurd_values(capsys: 
     bad = parser.parse_args(["simulate", "--scenario", "depth", "--quick", "--quiet", "--breaker-min-calls", "0"])
     assert bad.func(bad) == 2
     assert "minimum_calls" in capsys.readouterr().err
+
+
+def test_the_grace_flag_reaches_the_askonce_policy_only() -> None:
+    from askonce.sim.cli import _knobs
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    knobs = _knobs(Knobs(), parser.parse_args(["simulate", "--grace", "0.1"]))
+    assert preset("askonce", knobs).grace == 0.1 and preset("naive", knobs).grace == 0.0
+    with pytest.raises(ValueError, match="grace"):
+        preset("askonce", _knobs(Knobs(), parser.parse_args(["simulate", "--grace", "-1"])))

@@ -74,6 +74,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--breaker-min-calls", type=int,
                    help="breakers: calls in the window before a verdict (default 20; the demo's breaker: 3)")
     k.add_argument("--breaker-window", type=int, help="breakers: calls in the count window (default 100)")
+    k.add_argument("--grace", type=float,
+                   help="askonce: each layer's deadline_grace, seconds (default 0: timed-out tries are not retried)")
     k.add_argument("--per-client", action="store_true",
                    help="askonce: a bucket and breaker per client instead of one for the fleet")
     p.set_defaults(func=run)
@@ -95,6 +97,8 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
                                                 ("window_size", args.breaker_window)) if value is not None}
     if breaker:
         changes["breaker"] = dataclasses.replace(base.breaker, **breaker)  # validated: a clear error if absurd
+    if args.grace is not None:
+        changes["grace"] = args.grace
     if args.per_client:
         changes["shared"] = False
     return dataclasses.replace(base, **changes)

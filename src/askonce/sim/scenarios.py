@@ -46,6 +46,7 @@ class Knobs:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     backoff: Backoff = Backoff()
     shared: bool = True
+    grace: float = 0.0  # askonce: ClientPolicy.deadline_grace of every layer
 
 
 def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
@@ -63,7 +64,8 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
     if name == "askonce":
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
-                      bucket=k.bucket, breaker=k.breaker, breaker_everywhere=False, shared=k.shared, shed=True)
+                      bucket=k.bucket, breaker=k.breaker, breaker_everywhere=False, shared=k.shared, shed=True,
+                      grace=k.grace)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 
 
