@@ -166,6 +166,7 @@ def write(out: Path, runs: Sequence[Run], doc: dict[str, Any], scenarios: dict[s
     goals = "".join(f"<li class={'met' if g['met'] else 'unmet'}>{'met' if g['met'] else 'NOT met'}: "
                     f"{e(g['goal'])} &mdash; {e(g['measured'])}</li>" for g in doc["goals"])
     notes = "".join(f"<li>{e(n)}</li>" for n in doc.get("notes", []))
+    grace = f"; its clients' deadline_grace is {doc['grace']:g} s" if doc.get("grace") else ""
     params = "".join(f"<li><b>{e(s.name)}</b>: {e(s.note)}; {s.rate:g} questions/s for {s.duration:g} s</li>"
                      for s in scenarios.values() if any(r.row["scenario"] == s.name for r in runs))
     figures = "".join(f"<figure><img src='{e(f)}' alt='{e(c)}'><figcaption>{e(c)}</figcaption></figure>"
@@ -181,7 +182,7 @@ figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
 <p>A gateway (FastAPI, httpx) calls an API (Flask on waitress, requests), which calls a service (FastAPI,
 httpx), which calls the target (Starlette, a fixed worker pool). Each middle layer tries 3 times. Naive: plain
 per-layer retry loops. askonce: the question is minted at the edge (budget {e(str(doc.get("budget", 2)))}) and
-every layer spends from it. Arrivals are counted at the target, per question.</p>
+every layer spends from it{e(grace)}. Arrivals are counted at the target, per question.</p>
 <table><tr>{head}</tr>{body}</table>
 <h2>Goals</h2><ul>{goals}</ul>
 {"<h2>Notes</h2><ul>" + notes + "</ul>" if notes else ""}
