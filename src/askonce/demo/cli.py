@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "target saw. Writes an HTML report with plots.",
     )
     p.add_argument("--quick", action="store_true",
-                   help="smaller, shorter scenarios: under 20 s (the full run takes about 80 s)")
+                   help="smaller, shorter scenarios: under 20 s (the full run takes about 60 s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--out", type=Path, metavar="DIR", help="report folder (default ./askonce-report-<timestamp>)")
     p.add_argument("--redis", metavar="URL", help="keep buckets, breakers and the target's ledger in Redis")
