@@ -22,7 +22,19 @@ from hypothesis import strategies as st
 import askonce
 from askonce import NO_WAIT, Reply, RetryPolicy
 from askonce.client import ClientPolicy
-from askonce.core.retry import ANSWERED, LOST, QUESTION_MARGIN, Failure, attempt_deadline, own_deadline
+from askonce.core.question import Account, Tab
+from askonce.core.retry import (
+    ANSWERED,
+    LOST,
+    QUESTION_MARGIN,
+    Attempt,
+    Failure,
+    GiveUp,
+    RetryState,
+    Wait,
+    attempt_deadline,
+    own_deadline,
+)
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from e2e_services import uvicorn_running
@@ -65,6 +77,22 @@ def test_an_answer_at_the_attempts_own_deadline_is_a_timeout_with_the_budget_it_
 ])
 def test_every_other_failure_is_left_alone(failure: Failure, forwarded: float | None, left: float | None) -> None:
     assert own_deadline(failure, forwarded, left) is failure
+
+
+@pytest.mark.parametrize("grace, retried", [(0.1, True), (0.0, False)])
+def test_the_core_reads_an_answer_at_the_attempts_deadline_as_a_timeout_only_with_a_grace(
+        grace: float, retried: bool) -> None:
+    tab = Tab("k", "edge", True, Account(2), 103.0)  # the question: budget 2, 3 s left at t = 100
+    state = RetryState(RetryPolicy(attempts=3, backoff=NO_WAIT), tab, "edge")
+    assert state.start(100.0).__class__ is Attempt
+    given = state.given(1.0, grace, 100.0)  # a 1 s attempt
+    assert given == pytest.approx(0.9 if grace else 1.0)
+    state.forward()
+    action = state.on_failure(Failure(True, Reply(2, True, "deadline"), ANSWERED), 101.0, 0.5)
+    if retried:
+        assert isinstance(action, Wait) and tab.account.left == 1  # the reply's 2 back, one retry spent
+    else:
+        assert isinstance(action, GiveUp) and action.kind == "dnr"
 
 
 def test_the_grace_is_validated() -> None:

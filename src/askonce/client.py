@@ -60,10 +60,10 @@ from askonce.core.retry import (
     Failure,
     GiveUp,
     RetryState,
+    Sent,
     Wait,
-    attempt_deadline,
+    attempt_window,
     fits,
-    own_deadline,
     settle,
 )
 from askonce.core.wire import Reply, format_question
@@ -237,7 +237,7 @@ def _raise(state: RetryState, breaker: Any, give_up: GiveUp, last: BaseException
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the general loop (``_flow``)."""
 
-    __slots__ = ("bucket", "exchange", "first", "forwarded", "idempotent", "left", "path", "tab", "target")
+    __slots__ = ("bucket", "exchange", "first", "idempotent", "path", "sent", "tab", "target")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str, idempotent: bool,
                  now: float) -> None:
@@ -254,8 +254,7 @@ class _Call:
         self.target = target
         self.idempotent = idempotent
         self.first = self.path + caller._first
-        self.forwarded: float | None = None  # the seconds the latest attempt gave the callee
-        self.left: float | None = None  # the question's seconds left when it was sent
+        self.sent: Sent | None = None  # the fast first attempt's window (RetryState.sent), with a grace
         self.bucket: BucketHandle | AsyncBucketHandle | None = (
             None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
         if self.bucket is not None:
@@ -274,30 +273,11 @@ class _Call:
                 limit = left
         return limit
 
-    def send_for(self, policy: ClientPolicy, limit: float | None, now: float) -> float | None:
-        """The seconds an attempt that waits ``limit`` gives its callee (noted for :meth:`judged`).
-
-        With no ``deadline_grace`` the callee gets the whole limit and nothing is noted: its answer at
-        that deadline stays a do-not-retry, as it was before the grace existed.
-        """
-        if not policy.deadline_grace:
-            return limit
-        deadline = self.tab.deadline
-        left = self.left = None if deadline is None else deadline - now
-        forwarded = self.forwarded = attempt_deadline(limit, policy.deadline_grace, left)
-        return forwarded
-
-    def judged(self, outcome: Outcome) -> Outcome:
-        """``outcome`` with a callee's answer at the deadline this attempt gave it read as a timeout."""
-        failure = outcome.failure
-        if failure is None or self.forwarded is None or failure.reply is None or not failure.reply.dnr:
-            return outcome
-        return outcome._replace(failure=own_deadline(failure, self.forwarded, self.left))
-
     def state(self, caller: Caller, held: int) -> RetryState:
         """The core's state of this call after a first attempt sent with ``held`` forwarded."""
         state = RetryState(caller._policies[self.idempotent], self.tab, caller.policy.layer, self.bucket is not None)
         state.held = held  # what state.forward() would have held
+        state.sent = self.sent  # what state.given() would have noted
         return state
 
     def failed(self, caller: Caller, held: int, exc: BaseException) -> _First | None:
@@ -314,7 +294,7 @@ class _Call:
 
     def answered(self, caller: Caller, held: int, response: Any) -> _First | None:
         """The fast first attempt came back: ``None`` if it is the answer (settled), else where to go on."""
-        outcome = self.judged(self.exchange.judge(response))
+        outcome = self.exchange.judge(response)
         if outcome.failure is None:
             settle(self.tab.account, held, ANSWERED, outcome.reply)  # what RetryState.on_success settles
             return None
@@ -355,7 +335,7 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
             if breaker is not None and not (yield partial(breaker.allow, now)):
                 raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
             limit = call.limit(policy, now)
-            forwarded = call.send_for(policy, limit, now)
+            forwarded = state.given(limit, policy.deadline_grace, now)
             header = context.question_header((call.tab, (*call.path, action.hop)), now, forwarded, state.forward())
             response = None
             try:
@@ -369,7 +349,7 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
                     raise
                 outcome, last = judged, exc
             else:
-                outcome, last = call.judged(exchange.judge(response)), None
+                outcome, last = exchange.judge(response), None
         first = None
         now = clock()
         if breaker is not None:
@@ -445,7 +425,7 @@ class Caller:
         if self._breakers is not None or not fits(self.policy.retry, call.tab.deadline, now):
             return call  # the general loop from the start: the breaker, or the give-up, is the core's to decide
         limit = call.limit(self.policy, now)
-        forwarded = call.send_for(self.policy, limit, now)
+        forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace, call.tab.deadline, now)
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
         tab = call.tab  # the limit already holds the deadline: what context.question_header would send

@@ -121,12 +121,26 @@ def attempt_deadline(limit: float | None, grace: float, left: float | None = Non
     it reports, for the callers above, so the callee loses only ``QUESTION_MARGIN`` of the question's
     time at each hop instead of the whole grace.
     """
+    return attempt_window(limit, grace, left, 0.0)[0]  # a deadline ``left`` seconds after time 0
+
+
+Sent = tuple[float, float | None]  # an attempt's (seconds given to the callee, the question's seconds left)
+
+
+def attempt_window(limit: float | None, grace: float, deadline: float | None,
+                   now: float) -> tuple[float | None, Sent | None]:
+    """The seconds an attempt sent at ``now`` gives its callee, and what :func:`own_deadline` will need.
+
+    ``limit``: how long the caller waits; ``deadline``: the question's. Without a grace (or a limit) the
+    callee gets the limit and nothing is noted: its answer at that deadline stays a do-not-retry.
+    """
     if limit is None or grace <= 0:
-        return limit
-    trim = min(grace, 0.1 * limit)
+        return limit, None
+    left = None if deadline is None else deadline - now
+    forwarded = limit - min(grace, 0.1 * limit)
     if left is not None and limit >= left - _SAME_DEADLINE:
-        trim = min(trim, QUESTION_MARGIN)
-    return limit - trim
+        forwarded = limit - min(grace, 0.1 * limit, QUESTION_MARGIN)
+    return forwarded, (forwarded, left)
 
 
 def own_deadline(failure: Failure, forwarded: float | None, left: float | None) -> Failure:
@@ -189,7 +203,7 @@ def fits(policy: RetryPolicy, deadline: float | None, now: float, wait: float = 
 class RetryState:
     """The state of one call at one layer: which attempt it is on and when it started."""
 
-    __slots__ = ("_floor", "_u", "attempt", "bucket", "held", "layer", "policy", "tab")
+    __slots__ = ("_floor", "_u", "attempt", "bucket", "held", "layer", "policy", "sent", "tab")
 
     def __init__(self, policy: RetryPolicy, tab: Tab, layer: str, bucket: bool = False) -> None:
         self.policy = policy
@@ -198,6 +212,7 @@ class RetryState:
         self.bucket = bucket  # does a retry need a token from a per-target bucket?
         self.attempt = 1
         self.held = 0
+        self.sent: Sent | None = None  # the latest attempt's window, with a deadline grace
         self._floor = 0.0
         self._u = 0.0
 
@@ -205,6 +220,13 @@ class RetryState:
         """Before sending an attempt to another process: hold the budget to forward with it."""
         self.held = self.tab.account.hold(self.tab.account.left)
         return self.held
+
+    def given(self, limit: float | None, grace: float, now: float) -> float | None:
+        """Before sending an attempt that waits ``limit`` seconds: the seconds its callee is given
+        (:func:`attempt_window`), noted so that :meth:`on_failure` reads the callee's answer at that
+        deadline as a timeout (:func:`own_deadline`)."""
+        forwarded, self.sent = attempt_window(limit, grace, self.tab.deadline, now)
+        return forwarded
 
     def _settle(self, delivery: str, reply: Reply | None) -> None:
         if delivery != LOCAL:
@@ -226,6 +248,8 @@ class RetryState:
 
     def on_failure(self, failure: Failure, now: float, u: float) -> Wait | Acquire | GiveUp:
         """Decide after a failed attempt; ``u`` is a uniform draw in [0, 1) for the jitter."""
+        if self.sent is not None:
+            failure = own_deadline(failure, *self.sent)
         policy, account, reply = self.policy, self.tab.account, failure.reply
         self._settle(failure.delivery, reply)
         if not failure.retryable:

@@ -39,8 +39,6 @@ from askonce.core.retry import (
     RetryPolicy,
     RetryState,
     Wait,
-    attempt_deadline,
-    own_deadline,
 )
 from askonce.core.wire import MAX_BUDGET, Malformed, Reply, format_question, format_reply, parse_question, parse_reply
 from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: the fast path cannot drift from it
@@ -69,7 +67,7 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("asked", "breaker", "bucket", "budget", "deadline", "layer", "left", "ok", "out", "parent", "path",
+    __slots__ = ("asked", "breaker", "bucket", "budget", "deadline", "layer", "ok", "out", "parent", "path",
                  "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
@@ -88,7 +86,6 @@ class Call:
         self.out: Call | None = None  # the attempt this hop is waiting for
         self.budget = 0
         self.remaining: float | None = None  # the seconds the attempt gave the callee (propagated)
-        self.left: float | None = None  # the sender's question's seconds left when it was sent
         self.path: tuple[Hop, ...] = ()
         self.reply: Reply | None = None
         self.ok = False
@@ -266,10 +263,9 @@ class Sim:
             child.budget = c.state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
-            child.left = rem
             if timeout is not None and (rem is None or timeout < rem):  # the tighter of deadline and patience
                 rem = timeout
-            child.remaining = attempt_deadline(rem, self.policy.grace, child.left)  # the client's Call.send_for
+            child.remaining = c.state.given(rem, self.policy.grace, now)
             child.path = (*c.path, act.hop)
         c.out = child
         c.sent = now
@@ -292,8 +288,6 @@ class Sim:
             self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
         else:
             failure = _ANSWERED if reply is None else Failure(True, reply, ANSWERED)
-            if self.policy.grace and reply is not None and reply.dnr:  # the client's Call.judged
-                failure = own_deadline(failure, child.remaining, child.left)
             self._act(c, c.state.on_failure(failure, now, self.rng.random()), now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
