@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["HeavyKey", "Kind", "OperationReport", "PerKey", "Report", "Totals"]
@@ -34,7 +34,7 @@ class PerKey:
     max: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "p50": self.p50, "p99": self.p99, "max": self.max}
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,21 @@ class HeavyKey:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "principal": self.principal, "arrivals": self.arrivals, "error": self.error}
+
+
+def _plain(report: Any) -> dict[str, Any]:
+    """A report value's fields as JSON-ready data, in field order: kinds by name, nested values as dicts."""
+    out: dict[str, Any] = {}
+    for f in fields(report):
+        value = getattr(report, f.name)
+        if isinstance(value, Mapping):
+            value = {k.value if isinstance(k, Kind) else k: n for k, n in value.items()}
+        elif isinstance(value, tuple):
+            value = [v.to_dict() for v in value]
+        elif hasattr(value, "to_dict"):
+            value = value.to_dict()
+        out[f.name] = value
+    return out
 
 
 def ratio(a: int, b: int) -> float | None:
@@ -77,17 +92,7 @@ class OperationReport:
     approximate: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "operation": self.operation, "start": self.start, "end": self.end, "current": self.current,
-            "arrivals": self.arrivals, "attributable": self.attributable,
-            "distinct_keys": self.distinct_keys, "amplification": self.amplification,
-            "coverage": self.coverage, "kinds": {k.value: n for k, n in self.kinds.items()},
-            "per_key": self.per_key.to_dict(), "heavy": [h.to_dict() for h in self.heavy],
-            "reminted_by": dict(self.reminted_by), "retries_by": dict(self.retries_by),
-            "undeclared_retries": self.undeclared_retries, "paths_untracked": self.paths_untracked,
-            "refused": self.refused, "cap_unenforced": self.cap_unenforced,
-            "approximate": self.approximate,
-        }  # fmt: skip
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,15 +116,7 @@ class Totals:
     approximate: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "arrivals": self.arrivals, "attributable": self.attributable,
-            "distinct_keys": self.distinct_keys, "amplification": self.amplification,
-            "coverage": self.coverage, "kinds": {k.value: n for k, n in self.kinds.items()},
-            "reminted_by": dict(self.reminted_by), "retries_by": dict(self.retries_by),
-            "undeclared_retries": self.undeclared_retries, "paths_untracked": self.paths_untracked,
-            "refused": self.refused, "cap_unenforced": self.cap_unenforced, "dropped": self.dropped,
-            "approximate": self.approximate,
-        }  # fmt: skip
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)

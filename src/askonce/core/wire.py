@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from askonce.core.question import Account, Frame, Hop, Question, Tab
 
@@ -151,6 +152,16 @@ _PATHS: dict[str, tuple[Hop, ...]] = {}
 _MAX_PATHS = 256
 _MAX_PATH_TEXT = 256
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _keep(cache: dict[_K, _V], key: _K, value: _V) -> None:
+    """Remember ``value``: a cache full at ``_MAX_PATHS`` starts over (paths repeat; their texts are bounded)."""
+    if len(cache) >= _MAX_PATHS:
+        cache.clear()
+    cache[key] = value
+
 
 def _canonical_path(p: str) -> tuple[Hop, ...] | None:
     """The hops of a path text that matched the canonical expression; ``None`` if an attempt is out of range."""
@@ -166,9 +177,7 @@ def _canonical_path(p: str) -> tuple[Hop, ...] | None:
         hops.append(Hop(layer, attempt))
     path = tuple(hops)
     if len(p) <= _MAX_PATH_TEXT:
-        if len(_PATHS) >= _MAX_PATHS:
-            _PATHS.clear()
-        _PATHS[p] = path
+        _keep(_PATHS, p, path)
     return path
 
 
@@ -332,9 +341,7 @@ def _cached_path_text(path: tuple[Hop, ...]) -> str:
     if text is None:
         text = _path_text(path)
         if len(text) <= _MAX_PATH_TEXT:
-            if len(_PATH_TEXTS) >= _MAX_PATHS:
-                _PATH_TEXTS.clear()
-            _PATH_TEXTS[path] = text
+            _keep(_PATH_TEXTS, path, text)
     return text
 
 
