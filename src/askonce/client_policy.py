@@ -186,22 +186,18 @@ def reply_from(values: Sequence[str | bytes]) -> Reply | None:
     the values seen before.
     """
     if len(values) == 1:
-        raw = values[0]
-        cached = _REPLIES.get(raw)
-        if cached is not None:
-            return cached
-        reply = context.extract_reply(_Raw(values))
-        if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
-            _REPLIES[raw] = reply
-        return reply
+        return _cached(values[0], _Raw(values))
     return None if not values else context.extract_reply(_Raw(values))
 
 
 def read_reply(headers: Any) -> Reply | None:
     """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can be."""
     raw = context._header(headers, REPLY_HEADER)
-    if raw is None:
-        return None
+    return None if raw is None else _cached(raw, headers)
+
+
+def _cached(raw: str | bytes, headers: Any) -> Reply | None:
+    """The reply whose raw value is ``raw``: from the cache, else ``context.extract_reply(headers)``."""
     cached = _REPLIES.get(raw)
     if cached is not None:
         return cached
