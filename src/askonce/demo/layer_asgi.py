@@ -25,8 +25,8 @@ from askonce.core.backoff import Backoff
 from askonce.core.retry import RetryPolicy
 from askonce.demo import child, naive
 from askonce.demo.params import DEMO_BREAKER, LayerSettings, from_json
-from askonce.errors import attach_reply, reply_of
-from askonce.integrations.asgi import AskonceASGIMiddleware, note_failure
+from askonce.errors import reply_of
+from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AsyncAskonceTransport
 
 POOLS = 16  # one httpx pool stalls under hundreds of idle connections (httpcore's quadratic scan)
@@ -34,10 +34,6 @@ LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 # Plain HTTP on loopback: verify=False only skips loading CA certificates (tens of ms per client).
 
 Scope = MutableMapping[str, Any]
-
-
-class DownstreamFailed(Exception):
-    """The next layer answered 5xx after askonce gave up; carries the reply for our own caller."""
 
 
 class Layer:
@@ -115,14 +111,10 @@ class Layer:
             except Exception as exc:
                 if reply_of(exc) is None:
                     raise
-                note_failure(exc)  # the middleware answers 503 with the reply instead of our 503
+                # A give-up the client recorded (askonce.client.last_reply): the middleware passes its
+                # do-not-retry on in the reply to this error answer.
                 return Response(b"failed\n", status_code=503)
-            if response.status_code >= 500:
-                reply = getattr(response, "askonce_reply", None)
-                if reply is not None:
-                    failed = DownstreamFailed(f"downstream answered {response.status_code}")
-                    attach_reply(failed, reply)
-                    note_failure(failed)
+            if response.status_code >= 500:  # a returned give-up was recorded too (last_reply)
                 return Response(b"failed\n", status_code=response.status_code)
             return Response(b"ok\n", status_code=response.status_code)
         finally:

@@ -24,9 +24,9 @@ from askonce.core.backoff import Backoff
 from askonce.core.retry import RetryPolicy
 from askonce.demo import child, naive
 from askonce.demo.params import DEMO_BREAKER, LayerSettings, from_json
-from askonce.errors import attach_reply, reply_of
+from askonce.errors import reply_of
 from askonce.integrations.requests import session as askonce_session
-from askonce.integrations.wsgi import AskonceWSGIMiddleware, note_failure
+from askonce.integrations.wsgi import AskonceWSGIMiddleware
 
 NAME = "api"
 THREADS = 128  # a small pool would make this layer, not the target, the bottleneck under retries
@@ -34,10 +34,6 @@ POOL = 256
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
-
-
-class DownstreamFailed(Exception):
-    """The service answered 5xx after askonce gave up; carries the reply for our own caller."""
 
 
 class Api:
@@ -103,15 +99,11 @@ class Api:
             except Exception as exc:
                 if reply_of(exc) is None:
                     raise
-                note_failure(exc)  # the middleware answers 503 with the reply instead of our 503
+                # A give-up the client recorded (askonce.client.last_reply): the middleware passes its
+                # do-not-retry on in the reply to this error answer.
                 return b"failed\n", 503
             response.close()
-            if response.status_code >= 500:
-                reply = getattr(response, "askonce_reply", None)
-                if reply is not None:
-                    failed = DownstreamFailed(f"downstream answered {response.status_code}")
-                    attach_reply(failed, reply)
-                    note_failure(failed)
+            if response.status_code >= 500:  # a returned give-up was recorded too (last_reply)
                 return b"failed\n", response.status_code
             return b"ok\n", response.status_code
         finally:
