@@ -69,6 +69,17 @@ def tab_from(q: Question, now: float | None = None) -> Tab:
     return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline, sig=q.sig)
 
 
+def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None, limits: Limits, now: float,
+               secret: bytes | str | None = None) -> Tab:
+    """The question a server layer mints when none (or a bad one) arrived: clamped by ``limits``, its key
+    minted lazily; signed with ``secret`` if one is given (an originator's edge key)."""
+    tab = Tab(None, layer, originator, Account(min(budget, limits.max_budget)),
+              None if deadline is None else now + min(deadline, limits.max_deadline), minter=new_key)
+    if secret is not None:
+        tab.sig = _sign(tab.key, secret)
+    return tab
+
+
 def _sign(key: str, secret: bytes | str) -> bytes:
     from askonce.signing import mac  # hmac and hashlib load only when keys are signed
 
@@ -362,10 +373,7 @@ def serve(
     if q is not None:
         tab, path, minted = tab_from(q), q.path, False
     else:
-        tab = Tab(None, layer, originator, Account(min(budget, limits.max_budget)),
-                  None if deadline is None else now + min(deadline, limits.max_deadline), minter=new_key)
-        if originator and secret is not None:
-            tab.sig = _sign(tab.key, secret)
+        tab = minted_tab(layer, originator, budget, deadline, limits, now, secret if originator else None)
         path, minted = (), True
     token = _frame.set((tab, path))
     try:

@@ -36,7 +36,7 @@ from askonce.client import Record, recording
 from askonce.client import _record as _give_ups  # the context variable of client.replies()
 from askonce.context import Serving, _frame
 from askonce.core import wire
-from askonce.core.question import Account, Frame, Tab
+from askonce.core.question import Frame
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
 
@@ -281,14 +281,7 @@ class Server:
         if frame is not None:
             tab = frame[0]
         else:  # as context.serve mints: a local key, or an edge key (signed) at an originator; lazily
-            limits = o.limits
-            tab = Tab(None, o.layer, o.originator, Account(min(o.budget, limits.max_budget)),
-                      None if o.deadline is None else now + min(o.deadline, limits.max_deadline),
-                      minter=context.new_key)
-            if self._mint_secret is not None:
-                from askonce.signing import mac
-
-                tab.sig = mac(tab.key, self._mint_secret)
+            tab = context.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now, self._mint_secret)
             frame = (tab, ())
         arrival = Arrival(Serving(tab, minted), bool(values) and minted)
         arrival._tokens = (_frame.set(frame), _give_ups.set(arrival))  # client.record_replies(arrival)
