@@ -11,6 +11,10 @@
   server is the bottleneck, so its CPU per request is what its throughput is, and it does not depend on
   whether the generator, sharing the machine, keeps up. The same pair again with a FastAPI hello-world
   (the middleware added with ``add_middleware``) puts it beside a framework.
+* **Peers, for scale**: when installed (``pip install -e '.[bench]'``), the same app behind
+  asgi-correlation-id's middleware and OpenTelemetry's ASGI middleware, and a bare client instrumented
+  by OpenTelemetry's httpx instrumentation (both with the SDK's tracer, no exporter). Every request carries
+  an ``x-request-id`` and a ``traceparent`` besides the question, so that they do their usual work.
 * **httpx transport, latency**: sequential GETs over one keep-alive connection to the bare server, with a
   bare ``httpx.Client``, with a bare client that sends a constant ``askonce-question`` (what carrying
   the header costs, on both sides), and with ``AskonceTransport`` (inside a bound question, and with
@@ -115,7 +119,54 @@ def passthrough(app: Any) -> Any:
     return middleware
 
 
+def correlation_id(app: Any) -> Any:
+    """asgi-correlation-id's middleware: read a request id header, validate it, bind it, write it back."""
+    from asgi_correlation_id import CorrelationIdMiddleware
+
+    return CorrelationIdMiddleware(app)
+
+
+def otel(app: Any) -> Any:
+    """OpenTelemetry's ASGI middleware with the SDK's tracer (spans made and ended, no exporter)."""
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return OpenTelemetryMiddleware(app, tracer_provider=TracerProvider())
+
+
 SERVERS = ("bare", "askonce", "askonce-no-timers", "passthrough", "fastapi", "fastapi+askonce")
+# Peers for scale, when installed (``pip install -e '.[bench]'``): what other middlewares cost on the same app.
+REFERENCES = {"ref-correlation-id": ("asgi_correlation_id", correlation_id),
+              "ref-otel": ("opentelemetry.instrumentation.asgi", otel)}
+CLIENT_REFERENCES = {"ref-otel": "opentelemetry.instrumentation.httpx"}
+REFERENCE_NAMES = {"ref-correlation-id": "asgi-correlation-id", "ref-otel": "OpenTelemetry (SDK tracer, no exporter)"}
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def references() -> tuple[str, ...]:
+    return tuple(kind for kind, (module, _) in REFERENCES.items() if installed(module))
+
+
+def client_references() -> tuple[str, ...]:
+    return tuple(kind for kind, module in CLIENT_REFERENCES.items() if installed(module))
+
+
+def otel_client() -> httpx.Client:
+    """A bare client instrumented by OpenTelemetry (SDK tracer, no exporter): a span and a traceparent per call."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+
+    client = httpx.Client()
+    HTTPXClientInstrumentor.instrument_client(client, tracer_provider=TracerProvider())
+    return client
 
 
 def serve(kind: str, pin: bool) -> None:
@@ -128,7 +179,8 @@ def serve(kind: str, pin: bool) -> None:
                 "askonce-no-timers": lambda: AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
                                                                    shed_deadline=False),
                 "passthrough": lambda: passthrough(hello),
-                "fastapi": lambda: fastapi_hello(False), "fastapi+askonce": lambda: fastapi_hello(True)}[kind]()
+                "fastapi": lambda: fastapi_hello(False), "fastapi+askonce": lambda: fastapi_hello(True),
+                **{ref: functools.partial(wrap, hello) for ref, (_, wrap) in REFERENCES.items()}}[kind]()
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and without it the
     # response's two writes (head, body) meet the client's delayed ACK: 40 ms per request.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -172,8 +224,16 @@ class Server:
 # --- the load generator ---------------------------------------------------------------------------------
 
 
+# Every request also carries what a middle layer of a traced stack receives beside the question: a request
+# id and a W3C traceparent, so that the reference middlewares do their usual work (validate the id, continue
+# the trace) and every server, bare included, parses the same bytes.
+REQUEST_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
 def request_bytes(port: int, question: bool) -> bytes:
-    head = f"GET / HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nuser-agent: bench\r\n"
+    head = (f"GET / HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nuser-agent: bench\r\nx-request-id: {REQUEST_ID}\r\n"
+            f"traceparent: {TRACEPARENT}\r\n")
     if question:
         head += f"askonce-question: {QUESTION}\r\n"
     return (head + "\r\n").encode()
@@ -258,7 +318,8 @@ def pct(x: float, base: float) -> str:
 def main(pin: bool = False, compare: str | None = None) -> int:
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    servers = {kind: Server(kind, pin) for kind in SERVERS}
+    refs = references()
+    servers = {kind: Server(kind, pin) for kind in (*SERVERS, *refs)}
     if compare is not None:  # the same middleware from another source tree, in the same rounds
         servers.update({f"{kind}@compare": Server(kind, pin, compare) for kind in ("askonce", "fastapi+askonce")})
     if pin:
@@ -268,6 +329,7 @@ def main(pin: bool = False, compare: str | None = None) -> int:
              ("askonce, none sent", servers["askonce"], False),
              ("askonce, no timers (no cancellation)", servers["askonce-no-timers"], True),
              ("pass-through middleware adding a header", servers["passthrough"], True),
+             *((f"reference: {REFERENCE_NAMES[ref]}", servers[ref], True) for ref in refs),
              ("FastAPI", servers["fastapi"], True),
              ("FastAPI + askonce", servers["fastapi+askonce"], True)]
     if compare is not None:
@@ -281,6 +343,7 @@ def main(pin: bool = False, compare: str | None = None) -> int:
         "bare, sending a constant askonce-question": (httpx.Client(headers={"askonce-question": QUESTION}), False),
         "askonce, bound": (httpx.Client(transport=AskonceTransport(policy=POLICY)), True),
         "askonce, minted": (httpx.Client(transport=AskonceTransport(policy=POLICY)), False),
+        **{f"reference: {REFERENCE_NAMES[ref]}": (otel_client(), False) for ref in client_references()},
     }
     lat: dict[str, list[float]] = {k: [] for k in clients}
     ccpu: dict[str, list[float]] = {k: [] for k in clients}
@@ -388,7 +451,7 @@ def _server_run(kind: str, n: int) -> dict[str, int]:
 
 def client_calls(kind: str, n: int, url: str) -> None:
     """Child process: ``n`` sequential GETs with one of the latency cases' clients."""
-    client = {"bare": lambda: httpx.Client(),
+    client = {"bare": lambda: httpx.Client(), "ref-otel": otel_client,
               "header": lambda: httpx.Client(headers={"askonce-question": QUESTION}),
               "bound": lambda: httpx.Client(transport=AskonceTransport(policy=POLICY)),
               "minted": lambda: httpx.Client(transport=AskonceTransport(policy=POLICY))}[kind]()
@@ -410,8 +473,9 @@ def instructions(small: int = 200, large: int = 700) -> int:
     started = time.monotonic()
     bare = Server("bare")
     url = f"http://127.0.0.1:{bare.port}/"
-    jobs = {**{("server", k): functools.partial(_server_run, k) for k in SERVERS},
-            **{("client", k): functools.partial(_client_run, k, url) for k in ("bare", "header", "bound", "minted")}}
+    jobs = {**{("server", k): functools.partial(_server_run, k) for k in (*SERVERS, *references())},
+            **{("client", k): functools.partial(_client_run, k, url)
+               for k in ("bare", "header", "bound", "minted", *client_references())}}
     try:
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             runs = {(job, n): pool.submit(run, n) for job, run in jobs.items() for n in (small, large)}
@@ -443,7 +507,10 @@ def profile(n: int = 20_000) -> None:
     import pstats
 
     mw = AskonceASGIMiddleware(hello, layer="bench")
-    scope = {"type": "http", "method": "GET", "path": "/", "headers": [(b"askonce-question", QUESTION.encode())]}
+    scope = {"type": "http", "method": "GET", "path": "/", "http_version": "1.1", "scheme": "http", "query_string": b"",
+             "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+             "headers": [(b"x-request-id", REQUEST_ID.encode()), (b"traceparent", TRACEPARENT.encode()),
+                         (b"askonce-question", QUESTION.encode())]}
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b""}
@@ -476,11 +543,13 @@ def profile(n: int = 20_000) -> None:
 
     variants: list[tuple[str, Any, list[tuple[bytes, bytes]]]] = [
         ("bare app", hello, scope["headers"]), ("middleware", mw, scope["headers"]),
-        ("middleware, no question sent", mw, []),
+        ("middleware, no question sent", mw, scope["headers"][:-1]),
         ("middleware, cancel_on_disconnect=False", AskonceASGIMiddleware(hello, layer="bench",
                                                                         cancel_on_disconnect=False), scope["headers"]),
         ("... and shed_deadline=False", AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
-                                                              shed_deadline=False), scope["headers"])]
+                                                              shed_deadline=False), scope["headers"]),
+        ("pass-through middleware adding a header", passthrough(hello), scope["headers"]),
+        *((f"reference: {REFERENCE_NAMES[ref]}", REFERENCES[ref][1](hello), scope["headers"]) for ref in references())]
 
     async def table() -> dict[str, list[float]]:
         out: dict[str, list[float]] = {name: [] for name, _, _ in variants}
@@ -522,7 +591,7 @@ def profile(n: int = 20_000) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=(*SERVERS, *REFERENCES), help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="print where the time of both paths goes")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
     ap.add_argument("--pin", action="store_true", help="servers on the last CPU, the load generator on the others")
