@@ -14,11 +14,13 @@ Clients (unary-unary calls) run each call through :class:`askonce.client.Caller`
 bind the question, refuse late or capped arrivals with ``DEADLINE_EXCEEDED`` / ``RESOURCE_EXHAUSTED``,
 answer an escaping give-up with ``UNAVAILABLE``, and mark every ``dnr`` reply with
 ``grpc-retry-pushback-ms: -1`` so that gRPC's own retry policy stops too. :func:`channel_options` turns
-gRPC's own retries off. See ``docs/integrations.md`` for the tables.
+gRPC's own retries off. Binary keys (``askonce-question-bin``, ``askonce-reply-bin``) are never read, only
+counted (``malformed.question.binary``, ``malformed.reply.binary``). See ``docs/integrations.md`` for the tables.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple, NoReturn
@@ -27,7 +29,7 @@ import grpc
 from grpc import aio
 
 from askonce.client import Caller, ClientPolicy, Outcome
-from askonce.context import extract_reply
+from askonce.context import count, extract_reply
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
 from askonce.core.wire import MAX_BUDGET, QUESTION_HEADER, REPLY_HEADER, Limits, Reply, format_reply
 from askonce.integrations._server import Answer, Arrival, LedgerLike, Secret, Server, ServerOptions, _Values
@@ -52,6 +54,8 @@ _MAYBE_LOCAL = frozenset({Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED, Code.CANCELL
 _NEVER_SENT = ("failed to connect to all addresses", "dns resolution failed", "errors resolving",
                "name resolution failure", "empty address list", "no addresses")
 _REFUSAL = {"cap": Code.RESOURCE_EXHAUSTED, "deadline": Code.DEADLINE_EXCEEDED}
+_QUESTION_BIN = QUESTION_HEADER + "-bin"
+_REPLY_BIN = REPLY_HEADER + "-bin"
 _DEFAULT_POLICY = ClientPolicy()
 
 Metadata = Iterable[tuple[str, str | bytes]]
@@ -80,6 +84,8 @@ def judge_status(code: grpc.StatusCode, details: str | None, trailing: Metadata 
     """
     trailing = tuple(trailing or ())
     reply = extract_reply(_Values([v for k, v in trailing if k == REPLY_HEADER]))  # two replies: malformed
+    if any(k == _REPLY_BIN for k, _ in trailing):
+        count("malformed.reply.binary")  # the reply is ASCII metadata; a binary one is not read
     if code == Code.OK:
         return Outcome(None, reply, True)
     if code in _CALLERS_FAULT:
@@ -137,7 +143,8 @@ class _Client:
     ) -> None:
         if not (isinstance(target, str) or callable(target)):
             raise ValueError(f"target must be a string or a function of the method name, got {target!r}")
-        if isinstance(idempotent, str) or not (isinstance(idempotent, bool | Collection) or callable(idempotent)):
+        if isinstance(idempotent, str) or not (isinstance(idempotent, bool | Collection) or callable(idempotent)) or (
+                isinstance(idempotent, Collection) and not all(isinstance(m, str) for m in idempotent)):
             raise ValueError(f"idempotent must be a bool, method names or a function, got {idempotent!r}")
         codes = frozenset(retry_codes)
         if not all(isinstance(c, grpc.StatusCode) and c != Code.OK for c in codes):
@@ -179,6 +186,13 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
+def _timeout(timeout: Any) -> float | None:
+    # Refused before the call holds any budget: a NaN deadline would fail inside it, with the budget held.
+    if timeout is not None and timeout != timeout:
+        raise ValueError(f"timeout must be seconds or None, got {timeout!r}")
+    return timeout  # type: ignore[no-any-return]
+
+
 class _Exchange:
     __slots__ = ("_codes", "_continuation", "_details", "_request", "timeout")
 
@@ -188,7 +202,7 @@ class _Exchange:
         self._details = details
         self._request = request
         self._codes = codes
-        self.timeout: float | None = details.timeout
+        self.timeout: float | None = _timeout(details.timeout)
 
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error, self._codes)
@@ -333,7 +347,12 @@ class _Serving:
     def _wrap(self, handler: Any, details: Any, wrap: Callable[[Any, Any, list[str | bytes]], Any]) -> Any:
         if handler is None or handler.response_streaming:
             return handler  # response streams pass through: not bound, no reply
-        values = [v for k, v in details.invocation_metadata or () if k == QUESTION_HEADER]
+        values: list[str | bytes] = []
+        for k, v in details.invocation_metadata or ():
+            if k == QUESTION_HEADER:
+                values.append(v)
+            elif k == _QUESTION_BIN:  # the question is ASCII metadata; a binary one is not read
+                count("malformed.question.binary")
         kinds = (handler.request_deserializer, handler.response_serializer)
         if handler.request_streaming:
             return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, details, values), *kinds)
@@ -423,6 +442,8 @@ class AsyncAskonceServerInterceptor(_Serving, aio.ServerInterceptor):
     def _behavior(self, behavior: Callable[[Any, Any], Awaitable[Any]], details: Any,
                   values: list[str | bytes]) -> Any:
         server = self.server
+        if not inspect.iscoroutinefunction(behavior):  # grpc.aio runs it in its migration_thread_pool
+            return _sync_on_aio(server, behavior, details, values)
 
         async def serve(request: Any, ctx: aio.ServicerContext[Any, Any]) -> Any:
             with server.arrive(values, details, _method) as arrival:
@@ -444,3 +465,67 @@ class AsyncAskonceServerInterceptor(_Serving, aio.ServerInterceptor):
                 return response
 
         return serve
+
+
+class _SyncAioContext:
+    """The context a *sync* handler on a ``grpc.aio`` server sees: as :class:`_AioContext`, ``abort`` adds the
+    reply; and what the handler sets is remembered, since that context cannot tell its trailing metadata
+    or code."""
+
+    __slots__ = ("_arrival", "_code", "_ctx", "_trailing")
+
+    def __init__(self, ctx: Any, arrival: Arrival) -> None:
+        self._ctx = ctx
+        self._arrival = arrival
+        self._code: grpc.StatusCode | None = None
+        self._trailing: Metadata = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
+        self._trailing = tuple(trailing_metadata)
+        self._ctx.set_trailing_metadata(self._trailing)
+
+    def trailing_metadata(self) -> Metadata:
+        return self._trailing
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+        self._ctx.set_code(code)
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> NoReturn:
+        self._ctx.abort(code, details, _trailing(trailing_metadata or self._trailing, self._arrival.reply(True)))
+        raise AssertionError("grpc.aio abort() returned")  # it always raises
+
+    def abort_with_status(self, status: grpc.Status) -> NoReturn:
+        self.abort(status.code, status.details, status.trailing_metadata)
+
+
+def _sync_on_aio(server: Server, behavior: Callable[[Any, Any], Any], details: Any,
+                 values: list[str | bytes]) -> Callable[[Any, Any], Any]:
+    """The aio server's ``serve`` for a sync handler, run in the server's thread pool (as grpc.aio runs it)."""
+
+    def serve(request: Any, ctx: Any) -> Any:
+        with server.arrive(values, details, _method) as arrival:
+            if arrival.answer is not None:
+                ctx.abort(*_refusal(arrival.answer), _trailing((), arrival.answer.reply))
+            seen = _SyncAioContext(ctx, arrival)
+            try:
+                response = behavior(request, seen)
+            except aio.AbortError:
+                raise  # aborted through _SyncAioContext: the reply is already on its way
+            except Exception as exc:
+                answer = server.failure(arrival, exc)
+                if answer is not None:
+                    ctx.abort(Code.UNAVAILABLE, answer.body.decode("ascii").strip(),
+                              _trailing(seen.trailing_metadata(), answer.reply))
+                ctx.set_trailing_metadata(_trailing(seen.trailing_metadata(), arrival.reply(True)))
+                raise
+            ctx.set_trailing_metadata(_trailing(seen.trailing_metadata(), arrival.reply(_failed(seen))))
+            return response
+
+    return serve

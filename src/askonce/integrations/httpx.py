@@ -77,6 +77,9 @@ class _Attempts:
         self._timeouts: dict[str, Any] = given if type(given) is dict else _NO_TIMEOUTS  # read, never written
         read = self._timeouts.get("read")
         self.timeout: float | None = float(read) if isinstance(read, int | float) else None
+        for t in self._timeouts.values():
+            if t != t:  # NaN: refused here, before the call holds any budget (the core cannot send it)
+                raise ValueError(f"timeouts must be seconds or None, got {self._timeouts!r}")
         self._capped = False
 
     def prepare(self, header: str, limit: float | None) -> httpx.Request:
@@ -145,6 +148,11 @@ class _AsyncExchange(_Attempts):
             await response.aclose()
 
 
+def _check_target(target: object) -> None:
+    if not callable(target):
+        raise ValueError(f"target must be a function of the request, got {target!r}")
+
+
 def _idempotent(request: httpx.Request, policy: ClientPolicy) -> bool:
     """Per request, ``extensions={"askonce.idempotent": True}`` (or ``False``) overrides the method."""
     if not isinstance(request.stream, httpx.ByteStream):  # a generator body cannot be sent twice
@@ -174,6 +182,7 @@ class AskonceTransport(httpx.BaseTransport):
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, httpx.BaseTransport):
             raise ValueError(f"wrapped must be an httpx.BaseTransport, got {type(wrapped).__name__}")
+        _check_target(target)
         self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
         self._target = target
@@ -205,6 +214,7 @@ class AsyncAskonceTransport(httpx.AsyncBaseTransport):
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, httpx.AsyncBaseTransport):
             raise ValueError(f"wrapped must be an httpx.AsyncBaseTransport, got {type(wrapped).__name__}")
+        _check_target(target)
         self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
         self._target = target

@@ -77,12 +77,20 @@ class LedgerCollector:
                  max_events: int = 256, prefix: str = "askonce") -> None:
         if (ledger is None) == (report is None):
             raise ValueError("give a ledger (with report(now)) or a report callable, not both")
+        report = report if report is not None else getattr(ledger, "report", None)
+        if not callable(report):
+            raise ValueError(f"ledger must have a report(now) method, or report be callable, got {ledger or report!r}")
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning the Unix time, got {clock!r}")
+        if not isinstance(events, bool):
+            raise ValueError(f"events must be True or False, got {events!r}")
         for name, n in (("max_operations", max_operations), ("max_events", max_events)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be a positive integer, got {n!r}")
-        if not prefix.replace("_", "").isalnum() or not prefix[0].isalpha():
+        if not isinstance(prefix, str) or not prefix.isascii() or not prefix.replace("_", "").isalnum() or (
+                not prefix[0].isalpha()):
             raise ValueError(f"prefix must be a metric name prefix like 'askonce', got {prefix!r}")
-        self._report: Callable[[float], Report] = report if report is not None else ledger.report  # type: ignore[union-attr]
+        self._report: Callable[[float], Report] = report
         self._clock = clock
         self._events = events
         self._max_ops = max_operations

@@ -73,15 +73,22 @@ def _number(value: object) -> float | None:
 
 
 def _split(timeout: object) -> tuple[float | None, float | None]:
-    """(connect, read) seconds of whatever requests accepts as a timeout."""
+    """(connect, read) seconds of whatever requests accepts as a timeout; NaN is refused with ``ValueError``
+    here, before the call holds any budget."""
     if timeout is None:
         return None, None
     if isinstance(timeout, tuple):
-        return _number(timeout[0]), _number(timeout[1])
-    if isinstance(timeout, Timeout):
-        return _number(timeout.connect_timeout), _number(timeout.read_timeout)
-    t = _number(timeout)
-    return t, t
+        if len(timeout) != 2:  # as requests refuses it (it would not get to see it when capped)
+            raise ValueError(f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, or a single float "
+                             "to set both timeouts to the same value.")
+        connect, read = _number(timeout[0]), _number(timeout[1])
+    elif isinstance(timeout, Timeout):
+        connect, read = _number(timeout.connect_timeout), _number(timeout.read_timeout)
+    else:
+        connect = read = _number(timeout)
+    if connect != connect or read != read:
+        raise ValueError(f"timeout must be seconds, a (connect, read) tuple or None, got {timeout!r}")
+    return connect, read
 
 
 def _judge_error(error: Exception) -> Outcome | None:
@@ -163,6 +170,8 @@ class AskonceAdapter(HTTPAdapter):
         pool_block: bool = False,
     ) -> None:
         retries = _no_retries(max_retries)
+        if not callable(target):
+            raise ValueError(f"target must be a function of the request, got {target!r}")
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
         self._target = target
         super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize, max_retries=retries,

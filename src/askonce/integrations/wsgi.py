@@ -102,7 +102,7 @@ class AskonceWSGIMiddleware:
             # servers re-raise whenever it is given
             _start(start_response, answer, sys.exc_info() if exchange.called else None)
             return [answer.body]
-        return _Body(ctx, body, exchange)
+        return (_SizedBody if hasattr(body, "__len__") else _Body)(ctx, body, exchange)
 
     def route(self, environ: Environ) -> str:
         """The default operation name: the method and the Flask rule, or the path with ids as ``{id}``."""
@@ -157,9 +157,15 @@ def _start(start_response: StartResponse, answer: Answer, exc_info: ExcInfo | No
 
 
 class _Body:
-    """The app's response body, iterated inside the request's context; replaced if its status was."""
+    """The app's response body, iterated inside the request's context; replaced if its status was.
 
-    __slots__ = ("_ctx", "_exchange", "_inner", "_it", "_sent")
+    A streaming app (a generator) runs at the server's first ``next``, so a give-up may escape here rather
+    than from the app call: while no byte has gone out (the server sends the headers with the first
+    non-empty chunk, PEP 3333) it is still answered with the 503; after that the response is cut as it
+    would be without the middleware.
+    """
+
+    __slots__ = ("_ctx", "_exchange", "_inner", "_it", "_sent", "_streamed")
 
     def __init__(self, ctx: contextvars.Context, inner: Iterable[bytes], exchange: _Exchange) -> None:
         self._ctx = ctx
@@ -167,18 +173,35 @@ class _Body:
         self._exchange = exchange
         self._it: Iterator[bytes] | None = None
         self._sent = False
+        self._streamed = False  # a non-empty chunk of the app's went out: its headers are sent
 
     def __iter__(self) -> Iterator[bytes]:
         return self
 
     def __next__(self) -> bytes:
-        replaced = self._exchange.replaced
+        exchange = self._exchange
+        replaced = exchange.replaced
         if replaced is None:
-            if self._it is None:
-                self._it = self._ctx.run(iter, self._inner)
-            chunk = self._ctx.run(next, self._it)
-            replaced = self._exchange.replaced  # start_response may be called at the first chunk
+            try:
+                if self._it is None:
+                    self._it = self._ctx.run(iter, self._inner)
+                chunk = self._ctx.run(next, self._it)
+            except StopIteration:
+                raise
+            except Exception as exc:
+                answer = None if self._streamed else exchange.server.failure(exchange.arrival, exc)
+                if answer is None:
+                    raise
+                exchange.replaced = answer
+                # as in _call: exc_info only for a second start_response (the server re-raises if it already
+                # sent the headers, which the app may have done through write())
+                _start(exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
+                self._sent = True
+                return answer.body
+            replaced = exchange.replaced  # start_response may be called at the first chunk
             if replaced is None:
+                if chunk:
+                    self._streamed = True
                 return chunk
         if self._sent:
             raise StopIteration
@@ -189,6 +212,15 @@ class _Body:
         close = getattr(self._inner, "close", None)
         if close is not None:
             self._ctx.run(close)
+
+
+class _SizedBody(_Body):
+    """A body whose length the server can ask (PEP 3333: a one-item body lets it send a Content-Length)."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 1 if self._exchange.replaced is not None else len(self._inner)  # type: ignore[arg-type]
 
 
 # --- Flask, without importing it unless the app is one ----------------------------------------------

@@ -1,0 +1,379 @@
+"""Audit of the WSGI middleware against bad input and awkward apps, under real waitress and wsgiref servers.
+
+wsgiref runs the middleware inside ``wsgiref.validate.validator``, which turns any breach of PEP 3333 by
+the middleware (a header added after ``start_response`` was sent, a second ``start_response`` without
+``exc_info``, an iterable never closed) into an error the test sees. Requests are written on raw
+sockets, so that header bytes arrive exactly as written (duplicates, invalid latin-1, 60 kB values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.validate import validator
+
+import pytest
+
+import askonce
+from askonce import Reply
+from askonce.core import wire
+from askonce.integrations.wsgi import AskonceWSGIMiddleware
+from e2e_services import waitress_running
+
+SERVERS = ["waitress", "wsgiref"]
+KEY = "01J9ZQ4M6T8V0XKD3C5B7N9P1R"
+
+
+class Closes:
+    """The app's iterables that were closed, by path (PEP 3333: the server must close what it got)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.paths: list[str] = []
+
+    def add(self, path: str) -> None:
+        with self.lock:
+            self.paths.append(path)
+
+
+class Body:
+    """A response body with ``close``: the generator runs lazily, as a streaming app's does."""
+
+    def __init__(self, chunks: Iterator[bytes], closes: Closes, path: str) -> None:
+        self.chunks = chunks
+        self.closes = closes
+        self.path = path
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.chunks
+
+    def close(self) -> None:
+        self.closes.add(self.path)
+
+
+def exhausted() -> askonce.BudgetExhausted:
+    return askonce.BudgetExhausted("spent", reply=Reply(0, True, "exhausted"), layer="db", key=None, attempts=3)
+
+
+def make_app(closes: Closes) -> Callable[[dict[str, Any], Any], Iterable[bytes]]:
+    """A bare WSGI app whose bodies are generators: ``start_response`` runs at the first ``next``."""
+
+    def chunks(environ: dict[str, Any], start_response: Any) -> Iterator[bytes]:
+        path = environ["PATH_INFO"]
+        if path == "/lazy-give-up":  # before start_response: nothing is sent yet
+            raise exhausted()
+        if path == "/lazy-bug":
+            raise RuntimeError("a plain bug, before start_response")
+        status = {"/no-content": "204 No Content", "/not-modified": "304 Not Modified"}.get(path, "200 OK")
+        start_response(status, [] if status[0] == "3" or status[0:3] == "204" else
+                       [("content-type", "text/plain")])
+        if path == "/started-give-up":  # start_response called, but no byte sent: still time for a 503
+            raise exhausted()
+        if path in ("/no-content", "/not-modified"):
+            return
+        yield b""  # an empty chunk sends nothing (PEP 3333): the headers are still not out
+        if path == "/empty-then-give-up":
+            raise exhausted()
+        q = askonce.current()
+        yield f"{None if q is None else q.key} {None if q is None else q.budget} " \
+              f"{None if q is None else q.origin}\n".encode()
+        if path == "/midstream-give-up":  # the headers went out with the first chunk: too late for a 503
+            raise exhausted()
+        yield b"end\n"
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        path = environ["PATH_INFO"]
+        if path in ("/write", "/write-then-give-up"):  # the legacy write() callable
+            write = start_response("200 OK", [("content-type", "text/plain")])
+            write(b"written\n")  # the headers go out with it
+
+            def rest() -> Iterator[bytes]:
+                if path == "/write-then-give-up":
+                    raise exhausted()
+                yield b"returned\n"
+
+            return Body(rest(), closes, path)
+        return Body(chunks(environ, start_response), closes, path)
+
+    return app
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(WSGIServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that closed early; the app's errors are caught by the handler below
+
+
+@contextlib.contextmanager
+def wsgiref_running(app: Any) -> Iterator[tuple[str, list[str]]]:
+    """wsgiref with the PEP 3333 validator around ``app``; yields the URL and the errors it logged."""
+    errors: list[str] = []
+
+    class Handler(_Quiet):
+        def get_stderr(self) -> Any:
+            class Sink:
+                def write(self, text: str) -> None:
+                    errors.append(text)
+
+                def writelines(self, lines: Iterable[str]) -> None:
+                    errors.extend(lines)
+
+                def flush(self) -> None:
+                    pass
+
+            return Sink()
+
+    server = make_server("127.0.0.1", 0, validator(app), server_class=_Server, handler_class=Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", errors
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+class Running:
+    def __init__(self, name: str, url: str, errors: list[str], closes: Closes) -> None:
+        self.name = name
+        self.url = url
+        self.errors = errors  # what wsgiref logged (the validator's complaints among them)
+        self.closes = closes
+        self.seen = 0
+
+    def new_errors(self) -> list[str]:
+        """What the server logged since the last call."""
+        new, self.seen = self.errors[self.seen:], len(self.errors)
+        return new
+
+    def closed(self, path: str) -> bool:
+        """Whether the server closed the body of a request to ``path`` (it may do so after the response)."""
+        limit = time.monotonic() + 5
+        while path not in self.closes.paths:
+            if time.monotonic() > limit:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def served(request: pytest.FixtureRequest) -> Iterator[Running]:
+    closes = Closes()
+    mw = AskonceWSGIMiddleware(make_app(closes), layer="svc")
+    if request.param == "waitress":
+        with waitress_running(mw) as url:
+            yield Running("waitress", url, [], closes)
+    else:
+        with wsgiref_running(mw) as (url, errors):
+            yield Running("wsgiref", url, errors, closes)
+
+
+class Response:
+    def __init__(self, data: bytes) -> None:
+        head, _, self.body = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        self.status = int(lines[0].split()[1]) if lines[0] else 0
+        self.headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            name, _, value = line.decode("latin-1").partition(":")
+            self.headers.append((name.strip().lower(), value.strip()))
+        self.complete = True
+        if self.all("transfer-encoding") == ["chunked"]:
+            self.body, self.complete = _dechunk(self.body)
+
+    def all(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name]
+
+    @property
+    def reply(self) -> Reply:
+        (value,) = self.all(askonce.REPLY_HEADER)
+        parsed = wire.parse_reply(value)
+        assert isinstance(parsed, Reply), (value, parsed)
+        return parsed
+
+
+def _dechunk(data: bytes) -> tuple[bytes, bool]:
+    """A chunked body's bytes, and whether it ended with its last chunk (a cut stream does not)."""
+    out = b""
+    while True:
+        size_line, sep, rest = data.partition(b"\r\n")
+        if not sep:
+            return out, False
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            return out, True
+        if len(rest) < size + 2:
+            return out + rest[:size], False
+        out, data = out + rest[:size], rest[size + 2:]
+
+
+def raw(url: str, path: str = "/ok", headers: bytes = b"", method: bytes = b"GET") -> Response:
+    """One HTTP/1.1 request written by hand (``Connection: close``); the whole response as it came."""
+    host, port = url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n")
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                data += chunk
+    return Response(data)
+
+
+def q(text: str | bytes) -> bytes:
+    value = text.encode("ascii") if isinstance(text, str) else text
+    return askonce.QUESTION_HEADER.encode() + b": " + value + b"\r\n"
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    after = askonce.stats()
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+
+GOOD = f'v=1, k="{KEY}", o=edge, e, b=2, d=5000'
+
+# (name, header lines, the counter it must bump)
+UNUSABLE = [
+    ("60kB", q("v=1, x=" + "a" * 60_000), "malformed.question.too-long"),
+    ("duplicate", q(GOOD) + q(GOOD), "malformed.question.duplicate"),
+    ("invalid-latin-1", q(b'v=1, k="\xff\xfe\x80' + KEY.encode() + b'", o=edge, b=2'), "malformed.question.not-ascii"),
+    ("utf-8", q('v=1, k="cl\u00e9", o=edge, b=2'.encode()), "malformed.question.not-ascii"),
+    ("empty", q(""), "malformed.question.version"),
+    ("unknown-version", q(f'v=9, k="{KEY}", o=edge, b=2'), "malformed.question.version"),
+    ("budget-1e30", q(f'v=1, k="{KEY}", o=edge, b={10**30}'), "malformed.question.syntax"),
+    ("negative-budget", q(f'v=1, k="{KEY}", o=edge, b=-3'), "malformed.question.budget"),
+    ("deadline-1e12", q(f'v=1, k="{KEY}", o=edge, b=2, d={10**12}'), "malformed.question.deadline"),
+    ("negative-deadline", q(f'v=1, k="{KEY}", o=edge, b=2, d=-1'), "malformed.question.deadline"),
+    ("decimal-deadline", q(f'v=1, k="{KEY}", o=edge, b=2, d=1.5'), "malformed.question.syntax"),
+]
+
+
+@pytest.mark.parametrize(("name", "header", "counter"), UNUSABLE, ids=[u[0] for u in UNUSABLE])
+def test_a_question_header_that_cannot_be_used_is_counted_and_the_request_answered(
+        served: Running, name: str, header: bytes, counter: str) -> None:
+    before = askonce.stats()
+    r = raw(served.url, "/ok", header)
+    assert r.status == 200, r.body
+    assert r.reply == Reply(2)  # the budget this layer minted, untouched
+    key, budget, origin = r.body.split(b"\n")[0].split()
+    assert (budget, origin) == (b"2", b"svc") and key != KEY.encode()  # minted here, as if nothing came
+    assert delta(before) == {counter: 1}
+    assert served.new_errors() == []
+
+
+def test_absurd_budgets_and_deadlines_within_the_protocol_are_clamped(served: Running) -> None:
+    r = raw(served.url, "/ok", q(f'v=1, k="{KEY}", o=edge, e, b=1000, d=86400000'))
+    assert r.status == 200
+    assert r.body.split(b"\n")[0] == f"{KEY} 10 edge".encode()  # Limits() default: 10
+    assert r.reply == Reply(10)
+
+
+def test_distinct_malformed_headers_add_no_new_counters(served: Running) -> None:
+    raw(served.url, "/ok", q("v=1, k=nope-0"))
+    names = set(askonce.stats())
+    for i in range(40):
+        raw(served.url, "/ok", q(f"v=1, k=nope-{i}, z{i}={i}"))
+    assert set(askonce.stats()) == names  # counter names come from a fixed set, not from the input
+
+
+# --- streaming bodies, HEAD, 204/304, close() ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/lazy-give-up", "/started-give-up", "/empty-then-give-up"])
+def test_a_give_up_raised_by_a_streaming_body_before_any_byte_went_out_becomes_503(served: Running,
+                                                                                  path: str) -> None:
+    before = askonce.stats()
+    r = raw(served.url, path, q(GOOD))
+    if served.name == "wsgiref" and path == "/empty-then-give-up":
+        # wsgiref sends the headers with an empty chunk (PEP 3333 says not to): the 200 is out, and the
+        # second start_response (with exc_info) re-raises, so the response is cut as without askonce
+        assert (r.status, r.reply) == (200, Reply(2))
+        assert served.closed(path)
+        served.new_errors()
+        return
+    assert r.status == 503, r.body
+    assert r.reply == Reply(0, True, "exhausted")
+    assert r.body == b"askonce: exhausted\n"
+    assert delta(before).get("server.gave-up.exhausted") == 1
+    assert served.closed(path)
+    assert served.new_errors() == []
+
+
+def test_a_plain_error_of_a_streaming_body_before_any_byte_is_left_to_the_server(served: Running) -> None:
+    r = raw(served.url, "/lazy-bug", q(GOOD))
+    assert r.status == 500  # the server's own error response, as for any app
+    assert served.closed("/lazy-bug")
+    served.new_errors()  # wsgiref logs the bug
+
+
+def test_a_give_up_after_the_headers_went_out_cuts_the_response_without_touching_its_headers(
+        served: Running) -> None:
+    r = raw(served.url, "/midstream-give-up", q(GOOD))
+    assert r.status == 200
+    assert r.reply == Reply(2)  # the headers as they were sent: no second start_response
+    assert b"end" not in r.body
+    if served.name == "waitress":  # chunked: the cut shows (wsgiref's HTTP/1.0 body just ends)
+        assert not r.complete
+    assert served.closed("/midstream-give-up")
+    assert not any("Headers already" in e or "AssertionError" in e for e in served.new_errors())
+
+
+@pytest.mark.parametrize(("path", "status"), [("/ok", 200), ("/no-content", 204), ("/not-modified", 304)])
+def test_head_and_bodiless_statuses_carry_the_reply_and_no_body(served: Running, path: str, status: int) -> None:
+    for method in (b"GET", b"HEAD"):
+        r = raw(served.url, path, q(GOOD), method=method)
+        assert r.status == status
+        assert r.reply == Reply(2)
+        if status != 200:  # (a HEAD's body is the server's to drop: waitress leaves it to the app)
+            assert r.body == b""
+    assert served.new_errors() == []
+
+
+def test_the_legacy_write_callable_gets_the_reply_header(served: Running) -> None:
+    r = raw(served.url, "/write", q(GOOD))
+    assert r.status == 200
+    assert r.reply == Reply(2)
+    assert b"written" in r.body and b"returned" in r.body
+    assert served.new_errors() == []
+
+
+def test_a_give_up_after_write_sent_the_headers_cuts_the_response(served: Running) -> None:
+    r = raw(served.url, "/write-then-give-up", q(GOOD))
+    assert (r.status, r.reply) == (200, Reply(2))  # the server refused the 503: its headers were out
+    assert r.body.startswith(b"written") and b"returned" not in r.body
+    assert served.closed("/write-then-give-up")
+    assert not any("AssertionError" in e for e in served.new_errors())
+
+
+def _one_chunk(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+    start_response("200 OK", [("content-type", "text/plain")])
+    return [b"hello"]
+
+
+@pytest.mark.parametrize("method", [b"GET", b"HEAD"])
+def test_a_one_chunk_body_keeps_the_content_length_the_server_gives_it(method: bytes) -> None:
+    """PEP 3333 servers size a body of one item themselves; wrapping it must not turn that into chunking."""
+    framing = []
+    for app in (_one_chunk, AskonceWSGIMiddleware(_one_chunk, layer="svc")):
+        with waitress_running(app) as url:
+            r = raw(url, "/", method=method)
+        framing.append((r.all("content-length"), r.all("transfer-encoding")))
+    assert framing[0] == framing[1] == (["5"], [])
+
+
+def test_every_body_the_app_returned_is_closed(served: Running) -> None:
+    paths = ["/ok", "/midstream-give-up", "/started-give-up", "/write", "/no-content"]
+    for path in paths:
+        raw(served.url, path, q(GOOD))
+    for path in paths:
+        assert served.closed(path)
+
