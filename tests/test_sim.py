@@ -309,9 +309,10 @@ def test_breaker_flags_change_only_the_breaker_and_refuse_absurd_values(capsys: 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
     args = parser.parse_args(
-        ["simulate", "--breaker-rate", "0.9", "--breaker-min-calls", "3", "--breaker-window", "20"])
+        ["simulate", "--breaker-rate", "0.9", "--breaker-min-calls", "3", "--breaker-window", "20",
+         "--breaker-open-for", "1"])
     knobs = _knobs(Knobs(), args)
-    assert knobs.breaker == BreakerPolicy(failure_rate=0.9, minimum_calls=3, window_size=20)
+    assert knobs.breaker == BreakerPolicy(failure_rate=0.9, minimum_calls=3, window_size=20, open_for=1.0)
     assert knobs.bucket == Knobs().bucket and knobs.budget == Knobs().budget
     bad = parser.parse_args(["simulate", "--scenario", "depth", "--quick", "--quiet", "--breaker-min-calls", "0"])
     assert bad.func(bad) == 2

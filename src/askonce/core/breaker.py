@@ -85,7 +85,7 @@ class BreakerPolicy:
     failure_rate: float = 0.5  # open when failures/calls >= this
     slow_call_rate: float = 1.0  # open when slow/calls >= this (only if slow_call_duration is set)
     slow_call_duration: float | None = None  # seconds; a call at least this slow is slow; None disables
-    open_for: float = 5.0  # seconds in OPEN before probes are admitted
+    open_for: float = 2.0  # seconds in OPEN before probes are admitted (docs/results.md: why 2)
     half_open_probes: int = 3  # probes admitted in HALF_OPEN; all must succeed to close
 
     def __post_init__(self) -> None:

@@ -74,6 +74,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--breaker-min-calls", type=int,
                    help="breakers: calls in the window before a verdict (default 20; the demo's breaker: 3)")
     k.add_argument("--breaker-window", type=int, help="breakers: calls in the count window (default 100)")
+    k.add_argument("--breaker-open-for", type=float,
+                   help="breakers: seconds open before probes are let through (default 2; the demo's breaker: 1)")
     k.add_argument("--grace", type=float,
                    help="askonce: each layer's deadline_grace, seconds (default 0: timed-out tries are not retried)")
     k.add_argument("--per-client", action="store_true",
@@ -94,7 +96,8 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
         changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket, floor=args.bucket_floor)
     breaker = {name: value for name, value in (("failure_rate", args.breaker_rate),
                                                 ("minimum_calls", args.breaker_min_calls),
-                                                ("window_size", args.breaker_window)) if value is not None}
+                                                ("window_size", args.breaker_window),
+                                                ("open_for", args.breaker_open_for)) if value is not None}
     if breaker:
         changes["breaker"] = dataclasses.replace(base.breaker, **breaker)  # validated: a clear error if absurd
     if args.grace is not None:
