@@ -1,9 +1,9 @@
 """Audit of the integrations' public constructors: a misconfiguration is a ``ValueError`` at construction,
 never an error (or silently odd behaviour) at the first request or scrape.
 
-The cases marked ``xfail`` are defects in modules this audit did not own (``askonce.client``,
-``askonce.client_policy``, ``askonce.core``): each says where the check belongs. ``strict=True``: once
-fixed there, the mark must go.
+The shared policies (``askonce.client``, ``askonce.client_policy``, ``askonce.core``) are checked the same
+way: :class:`Caller`, :class:`ClientPolicy`, :class:`Limits` and :class:`RetryPolicy` refuse in their own
+constructors what the integrations pass on to them.
 """
 
 from __future__ import annotations
@@ -55,46 +55,26 @@ def test_a_prometheus_prefix_that_passes_is_a_valid_metric_name() -> None:
     registry.register(LedgerCollector(report=_report, prefix="svc_askonce2"))  # would raise if invalid
 
 
-def _elsewhere(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-CALLER = "askonce.client.Caller: clock, sleep, random must be callable and store a Store (checked in __init__)"
-POLICY = "askonce.client_policy.ClientPolicy.__post_init__: type checks (bool flags, str collections, ints)"
-LIMITS = "askonce.core.wire.Limits.__post_init__: max_budget must be an int (not bool/float/str), max_deadline a number"
-RETRY = "askonce.core.retry.RetryPolicy.__post_init__: attempts and budget must be ints (not bool/float/str)"
-
 ELSEWHERE: list[Any] = [
-    pytest.param(lambda: AskonceTransport(clock=5), id="clock not callable", marks=_elsewhere(CALLER)),
-    pytest.param(lambda: AskonceAdapter(sleep=5), id="sleep not callable", marks=_elsewhere(CALLER)),
-    pytest.param(lambda: AskonceClientInterceptor(random=0.5), id="random not callable", marks=_elsewhere(CALLER)),
-    pytest.param(lambda: Caller(store=object()), id="store not a store", marks=_elsewhere(CALLER)),  # type: ignore[arg-type]
+    pytest.param(lambda: AskonceTransport(clock=5), id="clock not callable"),
+    pytest.param(lambda: AskonceAdapter(sleep=5), id="sleep not callable"),
+    pytest.param(lambda: AskonceClientInterceptor(random=0.5), id="random not callable"),
+    pytest.param(lambda: Caller(store=object()), id="store not a store"),  # type: ignore[arg-type]
     # "no" is truthy: without the check, every POST would be retried
-    pytest.param(lambda: ClientPolicy(retry_non_idempotent="no"), id="retry_non_idempotent str",  # type: ignore[arg-type]
-                 marks=_elsewhere(POLICY)),
-    pytest.param(lambda: ClientPolicy(originator="no"), id="originator str",  # type: ignore[arg-type]
-                 marks=_elsewhere(POLICY)),
+    pytest.param(lambda: ClientPolicy(retry_non_idempotent="no"), id="retry_non_idempotent str"),  # type: ignore[arg-type]
+    pytest.param(lambda: ClientPolicy(originator="no"), id="originator str"),  # type: ignore[arg-type]
     # a str is a collection of letters: {"G", "E", "T"}, and GET itself is no longer idempotent
-    pytest.param(lambda: ClientPolicy(idempotent_methods="GET"), id="idempotent_methods str",  # type: ignore[arg-type]
-                 marks=_elsewhere(POLICY)),
-    pytest.param(lambda: ClientPolicy(attempt_timeout=True), id="attempt_timeout bool", marks=_elsewhere(POLICY)),
-    pytest.param(lambda: ClientPolicy(retry_statuses=503), id="retry_statuses int (TypeError)",  # type: ignore[arg-type]
-                 marks=_elsewhere(POLICY)),
-    pytest.param(lambda: ClientPolicy(idempotency_header=5), id="idempotency_header int (AttributeError)",  # type: ignore[arg-type]
-                 marks=_elsewhere(POLICY)),
-    pytest.param(lambda: Limits(max_budget="3"), id="Limits max_budget str (TypeError)",  # type: ignore[arg-type]
-                 marks=_elsewhere(LIMITS)),
-    pytest.param(lambda: Limits(max_budget=2.5), id="Limits max_budget float",  # type: ignore[arg-type]
-                 marks=_elsewhere(LIMITS)),
-    pytest.param(lambda: Limits(max_budget=True), id="Limits max_budget bool", marks=_elsewhere(LIMITS)),
-    pytest.param(lambda: Limits(max_deadline="3"), id="Limits max_deadline str (TypeError)",  # type: ignore[arg-type]
-                 marks=_elsewhere(LIMITS)),
-    pytest.param(lambda: RetryPolicy(attempts="3"), id="RetryPolicy attempts str (TypeError)",  # type: ignore[arg-type]
-                 marks=_elsewhere(RETRY)),
-    pytest.param(lambda: RetryPolicy(attempts=2.5), id="RetryPolicy attempts float",  # type: ignore[arg-type]
-                 marks=_elsewhere(RETRY)),
-    pytest.param(lambda: RetryPolicy(budget=1.5), id="RetryPolicy budget float",  # type: ignore[arg-type]
-                 marks=_elsewhere(RETRY)),
+    pytest.param(lambda: ClientPolicy(idempotent_methods="GET"), id="idempotent_methods str"),  # type: ignore[arg-type]
+    pytest.param(lambda: ClientPolicy(attempt_timeout=True), id="attempt_timeout bool"),
+    pytest.param(lambda: ClientPolicy(retry_statuses=503), id="retry_statuses int (TypeError)"),  # type: ignore[arg-type]
+    pytest.param(lambda: ClientPolicy(idempotency_header=5), id="idempotency_header int (AttributeError)"),  # type: ignore[arg-type]
+    pytest.param(lambda: Limits(max_budget="3"), id="Limits max_budget str (TypeError)"),  # type: ignore[arg-type]
+    pytest.param(lambda: Limits(max_budget=2.5), id="Limits max_budget float"),  # type: ignore[arg-type]
+    pytest.param(lambda: Limits(max_budget=True), id="Limits max_budget bool"),
+    pytest.param(lambda: Limits(max_deadline="3"), id="Limits max_deadline str (TypeError)"),  # type: ignore[arg-type]
+    pytest.param(lambda: RetryPolicy(attempts="3"), id="RetryPolicy attempts str (TypeError)"),  # type: ignore[arg-type]
+    pytest.param(lambda: RetryPolicy(attempts=2.5), id="RetryPolicy attempts float"),  # type: ignore[arg-type]
+    pytest.param(lambda: RetryPolicy(budget=1.5), id="RetryPolicy budget float"),  # type: ignore[arg-type]
 ]
 
 

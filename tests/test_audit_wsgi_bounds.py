@@ -25,10 +25,6 @@ from test_audit_wsgi import GOOD, KEY, Closes, make_app, q, raw
 # --- counters named after what a callee said ----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "askonce.integrations._server.Server.failure counts f'server.gave-up.{reply.reason}', and the reason is "
-    "any token a downstream callee put in its askonce-reply: one new askonce.stats() key per distinct token, "
-    "without bound. Fix there: count reasons outside wire.REASONS as 'server.gave-up.other'."))
 def test_reasons_a_downstream_makes_up_add_no_new_counters() -> None:
     downstream = Canned()
     http = httpx.Client(transport=AskonceTransport(policy=ClientPolicy(
@@ -61,17 +57,9 @@ def _pushing_back(environ: dict[str, Any], start_response: Any) -> Iterable[byte
     raise askonce.DoNotRetry("busy", reply=Reply(0, True, "overloaded", pushback), layer="svc", key=None, attempts=1)
 
 
-@pytest.mark.parametrize("pushback", [
-    pytest.param("inf", marks=pytest.mark.xfail(strict=True, reason=(
-        "Server.failure (math.ceil) and wire.to_ms (format_reply) raise OverflowError on an infinite pushback: "
-        "the middleware answers nothing and the server sends a bare 500. Fix: wire.to_ms and Server.failure "
-        "clamp the pushback to 0..86400 s (NaN as 0) before rounding."))),
-    pytest.param("nan", marks=pytest.mark.xfail(strict=True, reason="as for inf: ValueError from math.ceil(nan)")),
-    pytest.param("1e12", marks=pytest.mark.xfail(strict=True, reason=(
-        "Server.failure writes Retry-After: 1000000000000 while askonce-reply says pb=86400000 (a day): the "
-        "Retry-After is not clamped like the reply. Fix in _server.py: retry_after from min(pushback, 86400)."))),
-    "2.5",
-])
+# inf and nan once made the middleware raise (math.ceil) and the server send a bare 500; 1e12 went out as
+# Retry-After: 1000000000000 beside pb=86400000. Clamped now, both say at most a day.
+@pytest.mark.parametrize("pushback", ["inf", "nan", "1e12", "2.5"])
 def test_a_pushback_the_app_puts_in_a_give_up_is_answered_within_the_protocol(pushback: str) -> None:
     with waitress_running(AskonceWSGIMiddleware(_pushing_back, layer="svc")) as url:
         r = raw(url, "/" + pushback, q(GOOD))

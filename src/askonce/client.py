@@ -55,6 +55,7 @@ from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
     ANSWERED,
     LOST,
+    REFUSED,
     Acquire,
     Attempt,
     Failure,
@@ -336,7 +337,14 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
                 raise _raise(state, breaker, state.breaker_open(now, breaker.retry_at()), last)
             limit = call.limit(policy, now)
             forwarded = state.given(limit, policy.deadline_grace, now)
-            header = context.question_header((call.tab, (*call.path, action.hop)), now, forwarded, state.forward())
+            try:
+                header = context.question_header((call.tab, (*call.path, action.hop)), now, forwarded,
+                                                 state.forward())
+            except BaseException:  # not sent: settled as refused, so what forward() held goes back
+                state.on_failure(Failure(retryable=False, delivery=REFUSED), clock(), 0.0)
+                if breaker is not None:
+                    yield partial(breaker.release, clock())
+                raise
             response = None
             try:
                 response = yield partial(exchange.send, header, limit)
@@ -399,6 +407,11 @@ class Caller:
     ) -> None:
         if not isinstance(policy, ClientPolicy):
             raise ValueError(f"policy must be an askonce.client.ClientPolicy, got {type(policy).__name__}")
+        for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be a callable or None, got {fn!r}")
+        if store is not None and not callable(getattr(store, "bucket", None)):
+            raise ValueError(f"store must be an askonce store (a bucket(target, policy) method), got {store!r}")
         from askonce.retrying import default_store  # the one store `@askonce.retry` layers share
 
         self.policy = policy
@@ -429,7 +442,12 @@ class Caller:
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
         tab = call.tab  # the limit already holds the deadline: what context.question_header would send
-        return call, limit, held, format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first, tab.sig)
+        try:
+            header = format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first, tab.sig)
+        except BaseException:  # nothing was sent (a key minter that failed, say): what was held goes back
+            account.release(held)
+            raise
+        return call, limit, held, header
 
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
         """Run one call to ``target`` (the key of its bucket and breaker) until answered or given up."""

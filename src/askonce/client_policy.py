@@ -70,25 +70,41 @@ class ClientPolicy:
                             ("breaker", (BreakerPolicy, type(None)))):
             if not isinstance(getattr(self, name), kinds):
                 raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), got {getattr(self, name)!r}")
+        for name in ("retry_non_idempotent", "originator"):  # "no" is truthy: a str would retry every POST
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("retry_statuses", "throttle_statuses"):
-            statuses = getattr(self, name)
+            statuses = _collection(name, getattr(self, name))
             if not all(type(s) is int and 100 <= s <= 599 for s in statuses):
-                raise ValueError(f"{name} must hold HTTP status codes (100..599), got {statuses!r}")
-            object.__setattr__(self, name, frozenset(statuses))
-        if not all(isinstance(m, str) and m.isascii() and m.isalpha() for m in self.idempotent_methods):
+                raise ValueError(f"{name} must hold HTTP status codes (100..599), got {getattr(self, name)!r}")
+            object.__setattr__(self, name, statuses)
+        methods = _collection("idempotent_methods", self.idempotent_methods)
+        if not all(isinstance(m, str) and m.isascii() and m.isalpha() for m in methods):
             raise ValueError(f"idempotent_methods must be method names, got {self.idempotent_methods!r}")
-        object.__setattr__(self, "idempotent_methods", frozenset(m.upper() for m in self.idempotent_methods))
+        object.__setattr__(self, "idempotent_methods", frozenset(m.upper() for m in methods))
         header = self.idempotency_header
-        if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
+        if header is not None and not (isinstance(header, str) and header.isascii()
+                                       and header.replace("-", "").isalnum()):
             raise ValueError(f"idempotency_header must be a header name or None, got {header!r}")
         t = self.attempt_timeout
-        if t is not None and not (isinstance(t, int | float) and 0 < t <= MAX_RETRY_AFTER):
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= MAX_RETRY_AFTER):
             raise ValueError(f"attempt_timeout must be within (0, 86400] s or None, got {t!r}")
         g = self.deadline_grace
         if isinstance(g, bool) or not isinstance(g, int | float) or not 0 <= g <= 10:
             raise ValueError(f"deadline_grace must be within 0..10 s, got {g!r}")
         if type(self.max_discard) is not int or not 0 <= self.max_discard <= 1 << 26:
             raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
+
+
+def _collection(name: str, value: Any) -> frozenset[Any]:
+    """A set-like option as a frozenset; a str is refused (it is a collection of letters: "GET" is G, E, T)."""
+    if isinstance(value, str | bytes):
+        raise ValueError(f"{name} must be a collection (a set or a list), not a single {type(value).__name__}: "
+                         f"{value!r}")
+    try:
+        return frozenset(value)
+    except TypeError:  # not iterable (503 for {503}), or holding what cannot be hashed
+        raise ValueError(f"{name} must be a collection (a set or a list), got {value!r}") from None
 
 
 # --- what an attempt came to -----------------------------------------------------------------------

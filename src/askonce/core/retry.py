@@ -53,18 +53,27 @@ class RetryPolicy:
     max_pushback: float = 60.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.attempts <= MAX_ATTEMPT:
-            raise ValueError(f"attempts must be within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
-        if not 0 <= self.budget <= 1000:
-            raise ValueError(f"budget must be within 0..1000, got {self.budget!r}")
-        if self.deadline is not None and not 0 < self.deadline <= 86_400:
+        if type(self.attempts) is not int or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
+            raise ValueError(f"attempts must be an integer within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
+        if type(self.budget) is not int or not 0 <= self.budget <= 1000:
+            raise ValueError(f"budget must be an integer within 0..1000, got {self.budget!r}")
+        if not isinstance(self.backoff, Backoff):
+            raise ValueError(f"backoff must be an askonce.Backoff, got {self.backoff!r}")
+        if not isinstance(self.idempotent, bool):  # "no" is truthy: every call would be retried as safe
+            raise ValueError(f"idempotent must be True or False, got {self.idempotent!r}")
+        if self.deadline is not None and not (_seconds(self.deadline) and 0 < self.deadline <= 86_400):
             raise ValueError(f"deadline must be within (0, 86400] s or None, got {self.deadline!r}")
-        if not 0 <= self.min_attempt <= 3600:
+        if not (_seconds(self.min_attempt) and 0 <= self.min_attempt <= 3600):
             raise ValueError(f"min_attempt must be within 0..3600 s, got {self.min_attempt!r}")
         if self.deadline is not None and self.min_attempt >= self.deadline:
             raise ValueError("min_attempt must be shorter than the deadline, or no attempt could ever start")
-        if not 0 <= self.max_pushback <= 86_400:
+        if not (_seconds(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
+
+
+def _seconds(value: object) -> bool:
+    """A number of seconds: an int or a float, not a bool (NaN passes here and fails the range checks)."""
+    return not isinstance(value, bool) and isinstance(value, int | float)
 
 
 LOCAL = "local"  # an in-process call: the callee spends from the same account, nothing to infer

@@ -34,6 +34,7 @@ VERSION = 1
 MAX_HEADER_CHARS = 2048
 MAX_BUDGET = 1000
 MAX_DEADLINE_MS = 86_400_000  # one day
+_MAX_SECONDS = MAX_DEADLINE_MS / 1000
 MAX_HOPS = 32
 MAX_ATTEMPT = 1000
 MAX_NAME = 32
@@ -72,10 +73,12 @@ class Limits:
     max_deadline: float = 300.0  # seconds
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_budget <= MAX_BUDGET:
-            raise ValueError(f"max_budget must be within 0..{MAX_BUDGET}, got {self.max_budget!r}")
-        if not 0 < self.max_deadline <= MAX_DEADLINE_MS / 1000:
-            raise ValueError(f"max_deadline must be within (0, {MAX_DEADLINE_MS // 1000}] s")
+        b = self.max_budget
+        if type(b) is not int or not 0 <= b <= MAX_BUDGET:  # not a bool, a float or a str
+            raise ValueError(f"max_budget must be an integer within 0..{MAX_BUDGET}, got {b!r}")
+        d = self.max_deadline
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d <= _MAX_SECONDS:  # NaN fails
+            raise ValueError(f"max_deadline must be seconds within (0, {MAX_DEADLINE_MS // 1000}], got {d!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +320,11 @@ def _parse_question_general(text: str, now: float, limits: Limits) -> Question |
 def to_ms(seconds: float, *, up: bool) -> int:
     """Seconds to whole milliseconds within the protocol's range. Time left is floored (a callee is never
     given more time than its caller has); pushback is rounded up (a caller never waits less than asked).
-    The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...)."""
-    ms = math.ceil(seconds * 1000 - 1e-6) if up else math.floor(seconds * 1000 + 1e-6)
-    return max(0, min(ms, MAX_DEADLINE_MS))
+    The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...). Out of range, infinite or NaN:
+    clamped first (NaN as 0), so this never raises; within 0..86400 s neither rounding leaves 0..86400000."""
+    if not 0 <= seconds <= _MAX_SECONDS:
+        seconds = _MAX_SECONDS if seconds > _MAX_SECONDS else 0.0
+    return math.ceil(seconds * 1000 - 1e-6) if up else math.floor(seconds * 1000 + 1e-6)
 
 
 def _path_text(path: tuple[Hop, ...]) -> str:
@@ -360,9 +365,12 @@ def format_question(
     text = f'v={VERSION}, k="{key}", o={origin}, e, b={budget}' if edge else (
         f'v={VERSION}, k="{key}", o={origin}, b={budget}')
     if remaining is not None:
-        # to_ms(remaining, up=False), spelled out: int() is math.floor for what is not clamped to 0 anyway
-        ms = int(remaining * 1000 + 1e-6)
-        text += f", d={ms if 0 <= ms <= MAX_DEADLINE_MS else max(0, min(ms, MAX_DEADLINE_MS))}"
+        # to_ms(remaining, up=False), spelled out: int() is math.floor on 0..86400 s, and what is outside
+        # (infinite and NaN too) is clamped before it is multiplied, as to_ms does
+        if 0 <= remaining <= _MAX_SECONDS:
+            text += f", d={int(remaining * 1000 + 1e-6)}"
+        else:
+            text += f", d={MAX_DEADLINE_MS if remaining > _MAX_SECONDS else 0}"
     if path:
         text += f", p=({_cached_path_text(path)})"
     if sig:

@@ -22,7 +22,6 @@ answer carries that do-not-retry (``Reply(min(left, r.budget), True, r.reason, r
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time
@@ -370,8 +369,13 @@ class Server:
         reply = arrival.serving.reply(exc)
         retry_after = None
         if reply.pushback is not None:
-            retry_after = max(0, math.ceil(reply.pushback))
-        context.count(f"server.gave-up.{reply.reason or 'other'}")
+            # The app chose the pushback (inf, NaN, 1e12 alike): clamped into the protocol's 0..86400 s
+            # (NaN as 0) as the reply header writes it, and Retry-After is that many ms rounded up.
+            ms = wire.to_ms(reply.pushback, up=True)
+            reply = Reply(reply.budget, reply.dnr, reply.reason, ms / 1000)
+            retry_after = -(-ms // 1000)
+        # A reason is any token a callee sent: only the known ones get a counter of their own.
+        context.count(f"server.gave-up.{reply.reason if reply.reason in wire.REASONS else 'other'}")
         return Answer(503, reply, retry_after)
 
 
