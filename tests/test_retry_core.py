@@ -180,3 +180,19 @@ def test_derived_keys_are_deterministic_and_distinct() -> None:
 def test_minted_keys_sort_by_time_and_are_long_enough() -> None:
     a, b = mint_key(1000, b"\xff" * 16), mint_key(1001, bytes(16))
     assert a < b and len(a) == 36
+
+
+@pytest.mark.parametrize(("pushback", "retry_after", "expect"), [
+    (float("nan"), None, None), (0.5, float("nan"), 0.5), (61.0, None, 61.0),
+])
+def test_a_pushback_beyond_max_or_unreadable_ends_the_question_instead_of_waiting(
+        pushback: float, retry_after: float | None, expect: float | None) -> None:
+    # max(nan, x) is nan or x depending on the order: either way no Wait(nan) may come out
+    state = make(budget=2, backoff=NO_WAIT, max_pushback=60.0)
+    action = state.on_failure(Failure(reply=Reply(2, False, None, pushback), retry_after=retry_after), now=0.0, u=0.5)
+    if expect == 0.5:  # a NaN Retry-After beside a readable pushback: max() keeps the pushback
+        assert action == Wait(0.5)
+        return
+    assert isinstance(action, GiveUp) and action.kind == "pushback" and action.reply.dnr
+    assert action.reply.pushback == expect
+    assert state.tab.account.left == 2  # nothing was spent on a retry that never happens

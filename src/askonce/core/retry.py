@@ -273,8 +273,8 @@ class RetryState:
             return self._give_up("dnr", True, reply.reason, reply.pushback)
         pushback = reply.pushback if reply is not None and reply.pushback is not None else 0.0
         floor = max(pushback, failure.retry_after or 0.0)
-        if floor > policy.max_pushback:
-            return self._give_up("pushback", True, "overloaded", floor)
+        if not floor <= policy.max_pushback:  # NaN too (an in-process reply's): a wait nobody can tell is not waited
+            return self._give_up("pushback", True, "overloaded", floor if floor == floor else None)
         if self.attempt >= policy.attempts:
             return self._give_up("attempts")
         self._floor, self._u = floor, u
