@@ -9,6 +9,7 @@ what they would otherwise misread.
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Any
 
@@ -110,24 +111,31 @@ class Unsent:
         pass
 
 
+PROBING = BreakerPolicy(open_for=1.0, half_open_probes=1)
+
+
 def _minter() -> str:
     raise RuntimeError("no key today")
 
 
 @pytest.mark.parametrize("policy", [
     pytest.param(ClientPolicy(bucket=None), id="first attempt (fast path)"),
-    pytest.param(ClientPolicy(bucket=None, breaker=BreakerPolicy()), id="general loop (breaker)"),
+    pytest.param(ClientPolicy(bucket=None, breaker=PROBING), id="general loop (breaker)"),
 ])
 def test_a_call_whose_header_cannot_be_built_gives_back_what_it_held(policy: ClientPolicy) -> None:
     account = Account(3)
-    caller = Caller(policy, store=MemoryStore(lambda: 0.0), clock=lambda: 0.0)
+    store = MemoryStore(lambda: 0.0)
+    if policy.breaker is not None:  # half-open with one probe slot: a slot not given back refuses the next call
+        store.breaker("t", policy.breaker).force_open(0.0)
+    caller = Caller(policy, store=store, clock=lambda: 2.0)
     # bound as a server binds it (context.bind would mint the key at once)
     token = context._frame.set((Tab(None, "api", False, account, None, minter=_minter), ()))
     try:
-        with pytest.raises(RuntimeError, match="no key today"):
-            caller.call(Unsent(), target="t")
-        with pytest.raises(RuntimeError, match="no key today"):  # a second call: the breaker let it through
-            caller.call(Unsent(), target="t")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="no key today"):
+                caller.call(Unsent(), target="t")
+            if policy.breaker is not None:  # the probe's slot was handed back: the next call may probe again
+                assert store.breaker("t", policy.breaker).snapshot()["probes_admitted"] == 0
     finally:
         context._frame.reset(token)
     assert account.left == 3
@@ -180,3 +188,32 @@ def test_what_was_accepted_before_still_is() -> None:
 
     store: Any = BucketsOnly()
     Caller(ClientPolicy(), store=store, clock=lambda: 0.0, sleep=lambda s: None, random=lambda: 0.5)
+
+    class BreakersOnly:  # and one without buckets a policy without a bucket
+        def breaker(self, target: str, policy: Any) -> Any:
+            return MemoryStore(lambda: 0.0).breaker(target, policy)
+
+    store = BreakersOnly()
+    Caller(ClientPolicy(bucket=None, breaker=BreakerPolicy()), store=store)
+    with pytest.raises(ValueError, match="bucket"):
+        Caller(ClientPolicy(breaker=BreakerPolicy()), store=store)
+
+    class Tries(enum.IntEnum):  # integers read from configuration as an IntEnum are integers
+        THREE = 3
+
+    assert RetryPolicy(attempts=Tries.THREE, budget=Tries.THREE).attempts == 3
+    assert Limits(max_budget=Tries.THREE).max_budget == 3
+
+
+@pytest.mark.parametrize("bad", ["timeout", "minter"])
+def test_outgoing_gives_back_what_it_held_when_the_header_cannot_be_built(bad: str) -> None:
+    account = Account(3)
+    tab = Tab(None, "api", False, account, None, minter=_minter) if bad == "minter" else Tab(
+        "k" * 26, "api", False, account, None)
+    token = context._frame.set((tab, ()))
+    try:
+        with pytest.raises((RuntimeError, TypeError)):
+            context.outgoing({}, timeout="5" if bad == "timeout" else None)  # type: ignore[arg-type]
+    finally:
+        context._frame.reset(token)
+    assert account.left == 3

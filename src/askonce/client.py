@@ -410,8 +410,9 @@ class Caller:
         for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be a callable or None, got {fn!r}")
-        if store is not None and not callable(getattr(store, "bucket", None)):
-            raise ValueError(f"store must be an askonce store (a bucket(target, policy) method), got {store!r}")
+        for kind in ("bucket", "breaker"):  # only what the policy will ask of it
+            if store is not None and getattr(policy, kind) is not None and not callable(getattr(store, kind, None)):
+                raise ValueError(f"store must be an askonce store (a {kind}(target, policy) method), got {store!r}")
         from askonce.retrying import default_store  # the one store `@askonce.retry` layers share
 
         self.policy = policy

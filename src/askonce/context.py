@@ -277,8 +277,13 @@ class outgoing:
         if self._frame is not None:
             account = self._frame[0].account
             self._held = account.hold(account.left)
-            headers[QUESTION_HEADER] = question_header(self._frame, monotonic() if now is None else now,
-                                                       timeout, self._held)
+            try:
+                headers[QUESTION_HEADER] = question_header(self._frame, monotonic() if now is None else now,
+                                                           timeout, self._held)
+            except BaseException:  # nothing was sent (a bad timeout, a key minter that failed): give it back
+                account.release(self._held)
+                self._held = 0
+                raise
 
     @property
     def held(self) -> int:

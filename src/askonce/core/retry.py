@@ -53,9 +53,9 @@ class RetryPolicy:
     max_pushback: float = 60.0
 
     def __post_init__(self) -> None:
-        if type(self.attempts) is not int or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
+        if not _integer(self.attempts) or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
             raise ValueError(f"attempts must be an integer within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
-        if type(self.budget) is not int or not 0 <= self.budget <= 1000:
+        if not _integer(self.budget) or not 0 <= self.budget <= 1000:
             raise ValueError(f"budget must be an integer within 0..1000, got {self.budget!r}")
         if not isinstance(self.backoff, Backoff):
             raise ValueError(f"backoff must be an askonce.Backoff, got {self.backoff!r}")
@@ -69,6 +69,11 @@ class RetryPolicy:
             raise ValueError("min_attempt must be shorter than the deadline, or no attempt could ever start")
         if not (_seconds(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
+
+
+def _integer(value: object) -> bool:
+    """An int (an IntEnum too), not a bool: ``attempts=True`` is a bug, not one attempt."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _seconds(value: object) -> bool:

@@ -74,7 +74,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         b = self.max_budget
-        if type(b) is not int or not 0 <= b <= MAX_BUDGET:  # not a bool, a float or a str
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= MAX_BUDGET:  # not a bool, a float or a str
             raise ValueError(f"max_budget must be an integer within 0..{MAX_BUDGET}, got {b!r}")
         d = self.max_deadline
         if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d <= _MAX_SECONDS:  # NaN fails
