@@ -83,7 +83,13 @@ def count_in(requests: Iterator[bytes], ctx: Any) -> bytes:
     return f"{sum(1 for _ in requests)} {q.key}".encode()
 
 
-SYNC_ON_AIO = {"Echo": echo, "Exhausted": exhaust, "Aborts": aborts, "SetsCode": sets_code}
+def counts(request: bytes, ctx: Any) -> bytes:
+    with Servers.lock:
+        Servers.arrivals += 1
+    return b"ran"
+
+
+SYNC_ON_AIO = {"Echo": echo, "Exhausted": exhaust, "Aborts": aborts, "SetsCode": sets_code, "Counts": counts}
 
 
 class Servers:
@@ -226,9 +232,13 @@ def test_a_sync_stream_unary_handler_on_an_aio_server_is_served(servers: Servers
 
 
 def test_a_late_arrival_is_refused_before_a_sync_handler_on_an_aio_server_runs(servers: Servers) -> None:
-    got, trailing, _ = plain(servers.urls["mixed"], "Echo", ((Q, f'v=1, k="{KEY}", o=edge, b=1, d=0'),))
+    Servers.arrivals = 0
+    assert plain(servers.urls["mixed"], "Counts", ((Q, GOOD),))[0] == Code.OK
+    assert Servers.arrivals == 1  # the handler counts when it runs
+    got, trailing, _ = plain(servers.urls["mixed"], "Counts", ((Q, f'v=1, k="{KEY}", o=edge, b=1, d=0'),))
     assert got == Code.DEADLINE_EXCEEDED
     assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == Reply(1, True, "deadline")
+    assert Servers.arrivals == 1  # refused before it ran
 
 
 # --- replies the client cannot use ----------------------------------------------------------------

@@ -299,6 +299,7 @@ def test_a_give_up_raised_by_a_streaming_body_before_any_byte_went_out_becomes_5
         assert (r.status, r.reply) == (200, Reply(2))
         assert served.closed(path)
         served.new_errors()
+        assert delta(before) == {"server.gave-up.unsent": 1}  # not counted as a 503 that never went out
         return
     assert r.status == 503, r.body
     assert r.reply == Reply(0, True, "exhausted")
@@ -347,10 +348,12 @@ def test_the_legacy_write_callable_gets_the_reply_header(served: Running) -> Non
 
 
 def test_a_give_up_after_write_sent_the_headers_cuts_the_response(served: Running) -> None:
+    before = askonce.stats()
     r = raw(served.url, "/write-then-give-up", q(GOOD))
     assert (r.status, r.reply) == (200, Reply(2))  # the server refused the 503: its headers were out
     assert r.body.startswith(b"written") and b"returned" not in r.body
     assert served.closed("/write-then-give-up")
+    assert "server.gave-up.exhausted" not in delta(before)
     assert not any("AssertionError" in e for e in served.new_errors())
 
 

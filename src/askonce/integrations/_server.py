@@ -361,8 +361,11 @@ class Server:
     def deadline_answer(self, arrival: Arrival) -> Answer:
         return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline"))
 
-    def failure(self, arrival: Arrival, exc: BaseException) -> Answer | None:
-        """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors."""
+    def failure(self, arrival: Arrival, exc: BaseException, *, count: bool = True) -> Answer | None:
+        """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors.
+
+        ``count=False``: the caller counts it (:meth:`count_give_up`) once the answer has really gone out.
+        """
         exc = _single(exc)
         if reply_of(exc) is None:
             return None
@@ -374,9 +377,16 @@ class Server:
             ms = wire.to_ms(reply.pushback, up=True)
             reply = Reply(reply.budget, reply.dnr, reply.reason, ms / 1000)
             retry_after = -(-ms // 1000)
+        answer = Answer(503, reply, retry_after)
+        if count:
+            self.count_give_up(answer)
+        return answer
+
+    @staticmethod
+    def count_give_up(answer: Answer) -> None:
         # A reason is any token a callee sent: only the known ones get a counter of their own.
-        context.count(f"server.gave-up.{reply.reason if reply.reason in wire.REASONS else 'other'}")
-        return Answer(503, reply, retry_after)
+        reason = answer.reply.reason
+        context.count(f"server.gave-up.{reason if reason in wire.REASONS else 'other'}")
 
 
 def _single(exc: BaseException) -> BaseException:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
+from askonce import context
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
@@ -160,9 +161,9 @@ class _Body:
     """The app's response body, iterated inside the request's context; replaced if its status was.
 
     A streaming app (a generator) runs at the server's first ``next``, so a give-up may escape here rather
-    than from the app call: while no byte has gone out (the server sends the headers with the first
-    non-empty chunk, PEP 3333) it is still answered with the 503; after that the response is cut as it
-    would be without the middleware.
+    than from the app call: while the server has not sent the headers (PEP 3333: with the first non-empty
+    chunk; wsgiref sends them with an empty one too) it is still answered with the 503; after that the
+    response is cut as it would be without the middleware.
     """
 
     __slots__ = ("_ctx", "_exchange", "_inner", "_it", "_sent", "_streamed")
@@ -189,13 +190,19 @@ class _Body:
             except StopIteration:
                 raise
             except Exception as exc:
-                answer = None if self._streamed else exchange.server.failure(exchange.arrival, exc)
+                server = exchange.server
+                answer = None if self._streamed else server.failure(exchange.arrival, exc, count=False)
                 if answer is None:
                     raise
                 exchange.replaced = answer
                 # as in _call: exc_info only for a second start_response (the server re-raises if it already
                 # sent the headers, which the app may have done through write())
-                _start(exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
+                try:
+                    _start(exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
+                except BaseException:
+                    context.count("server.gave-up.unsent")  # the headers were out: the response is cut instead
+                    raise
+                server.count_give_up(answer)
                 self._sent = True
                 return answer.body
             replaced = exchange.replaced  # start_response may be called at the first chunk
