@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
 
 from askonce import context
-from askonce.client import Record, recording
-from askonce.client import _record as _give_ups  # the context variable of client.replies()
+from askonce.client_replies import Record, recording
+from askonce.client_replies import _record as _give_ups  # the context variable of client.replies()
 from askonce.context import Serving, _frame
 from askonce.core import wire
 from askonce.core.question import Frame
