@@ -261,3 +261,22 @@ def test_an_overloaded_reply_counts_and_an_exhausted_one_does_not() -> None:
         with pytest.raises(RuntimeError):
             overloaded.call(said("overloaded"))
     assert (exhausted.state(), overloaded.state()) == (CLOSED, OPEN)
+
+
+def test_an_is_failure_that_raises_judges_a_failure_and_never_leaks_the_probe_slot() -> None:
+    def judge(exc: BaseException) -> bool:
+        raise RuntimeError("the judge is broken")
+
+    clock = Clock()
+    b = BreakerRegistry(policy=POLICY, clock=clock, is_failure=judge).get("svc")
+    b.handle.force_open(clock())
+    clock.now += POLICY.open_for  # half-open: one probe slot
+    before = askonce.stats().get("breaker.is-failure.error", 0)
+
+    def fails() -> None:
+        raise KeyError("the call's own error")
+
+    with pytest.raises(KeyError):  # the call's error goes through, not the judge's
+        b.call(fails)
+    assert askonce.stats()["breaker.is-failure.error"] == before + 1
+    assert b.state() is State.OPEN  # the probe was settled as a failure: open again, not half-open for ever

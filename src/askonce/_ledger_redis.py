@@ -276,7 +276,10 @@ class Writer:
         window = self.space.policy.window
         groups: dict[tuple[int, str], _Group] = {}
         arrivals = list(batch)
-        horizon = math.floor(max((a[0] for a in arrivals), default=0.0) / window) - self.space.policy.windows_kept
+        # Only times some window holds set the horizon: one too far out (1e308 s) is invalid on its own below,
+        # and must not take the batch down with it.
+        newest = max((q for a in arrivals if math.isfinite(q := a[0] / window)), default=0.0)
+        horizon = math.floor(newest) - self.space.policy.windows_kept
         expired = invalid = 0
         paths = self._paths
         heads: dict[tuple[bool, str], bytes] = {}  # (edge, principal) -> the field's head

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import math
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,7 +38,7 @@ from typing import IO, Any
 
 from askonce import context
 from askonce.core import wire
-from askonce.core.ledger import Ledger, LedgerPolicy, Report
+from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 from askonce.core.wire import Limits, Malformed
 
 __all__ = ["AUDIT_POLICY", "AuditResult", "LogFormat", "audit_file", "audit_lines"]
@@ -107,8 +108,8 @@ class _Times:
 
     def __call__(self, raw: Any) -> float | None:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
-            t = float(raw)
-            return t / 1000 if t > 1e11 else t
+            t = float(raw)  # json reads NaN, Infinity and 1e400: no time
+            return (t / 1000 if t > 1e11 else t) if math.isfinite(t) else None
         if raw == self._last:
             return self._value
         value: float | None = None
@@ -116,7 +117,7 @@ class _Times:
         if isinstance(text, str) and text:
             try:
                 value = float(text)
-                value = value / 1000 if value > 1e11 else value
+                value = (value / 1000 if value > 1e11 else value) if math.isfinite(value) else None
             except ValueError:
                 value = _parse_time(text)
         self._last, self._value = raw, value
@@ -169,6 +170,10 @@ class _Auditor:
         self.bad[reason] = self.bad.get(reason, 0) + 1
 
     def arrival(self, t: float, operation: str, header: Any, principal: Any) -> None:
+        try:
+            window_index(t, self.ledger.policy.window)  # as the ledger checks it: a bad line, not the end
+        except ValueError:
+            return self.fail("time")
         if self.first is None:
             self.first = t
         self.last = t if self.last is None or t > self.last else self.last

@@ -109,10 +109,19 @@ def _settle(b: CircuitBreaker, start: float, exc: BaseException | None) -> None:
         end = start
     if exc is None:
         b.handle.record(end, success=True, duration=end - start)
-    elif b.is_failure(exc):
+    elif _judged_failure(b.is_failure, exc):
         b.handle.record(end, success=False, duration=end - start)
     else:
         b.handle.release(end)
+
+
+def _judged_failure(judge: Callable[[BaseException], bool], exc: BaseException) -> bool:
+    """``is_failure(exc)``; one that raises judges a failure (counted): the call's slot must still be settled."""
+    try:
+        return bool(judge(exc))
+    except Exception:
+        count("breaker.is-failure.error")
+        return True
 
 
 async def _admit_async(b: AsyncCircuitBreaker, now: float | None) -> float:
@@ -131,7 +140,7 @@ async def _settle_async(b: AsyncCircuitBreaker, start: float, exc: BaseException
         end = start
     if exc is None:
         await b.handle.record(end, success=True, duration=end - start)
-    elif b.is_failure(exc):
+    elif _judged_failure(b.is_failure, exc):
         await b.handle.record(end, success=False, duration=end - start)
     else:
         await b.handle.release(end)
@@ -259,8 +268,12 @@ B = TypeVar("B", CircuitBreaker, AsyncCircuitBreaker)
 class _Registry(Generic[B]):
     def __init__(self, policy: BreakerPolicy, clock: Callable[[], float] | None,
                  is_failure: Callable[[BaseException], bool], max_targets: int) -> None:
-        if max_targets < 1:
-            raise ValueError("max_targets must be at least 1")
+        if isinstance(max_targets, bool) or not isinstance(max_targets, int) or max_targets < 1:
+            raise ValueError(f"max_targets must be an integer of at least 1, got {max_targets!r}")
+        if clock is not None and not callable(clock):
+            raise ValueError(f"clock must be callable, got {clock!r}")
+        if not callable(is_failure):
+            raise ValueError(f"is_failure must be callable, got {is_failure!r}")
         self.policy = policy
         self.clock = clock or context.monotonic
         self.is_failure = is_failure
@@ -319,6 +332,8 @@ class BreakerRegistry(_Registry[CircuitBreaker]):
                  clock: Callable[[], float] | None = None,
                  is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
+        if store is not None and not callable(getattr(store, "breaker", None)):
+            raise ValueError(f"store must be a store (MemoryStore, RedisStore), got {store!r}")
         self.store: Store = store if store is not None else MemoryStore(self.clock)
 
     def get(self, target: str, policy: BreakerPolicy | None = None) -> CircuitBreaker:
@@ -337,6 +352,8 @@ class AsyncBreakerRegistry(_Registry[AsyncCircuitBreaker]):
                  clock: Callable[[], float] | None = None,
                  is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
+        if not callable(getattr(store, "breaker", None)):
+            raise ValueError(f"store must be an asyncio store (AsyncRedisStore), got {store!r}")
         self.store = store
 
     def get(self, target: str, policy: BreakerPolicy | None = None) -> AsyncCircuitBreaker:

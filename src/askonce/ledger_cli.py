@@ -36,7 +36,7 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "$ASKONCE_REDIS or redis://127.0.0.1:6379/0)")
     source.add_argument("--url", metavar="URL", help="a ReportApp's report.json")
     p.add_argument("--prefix", default="askonce", help="the RedisLedger's key prefix (default: askonce)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for Redis or the URL")
+    p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for Redis or the URL")
     _output_options(p)
     p.set_defaults(func=_report)
     return p
@@ -70,6 +70,16 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= 3600:  # NaN fails too; 0 or less: every client library refuses it, later and less clearly
+        raise argparse.ArgumentTypeError(f"expected seconds within (0, 3600], got {text!r}")
+    return value
+
+
 def _output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     p.add_argument("--plain", action="store_true", help="a plain-text table even if rich is installed")
@@ -86,8 +96,13 @@ def _report(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(data, indent=2))
-    else:
+        return 0
+    try:
         _print(data, args.plain, f"askonce ledger ({args.url or _redis_url(args)})")
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:  # a URL may answer anything
+        print(f"askonce report: {args.url or _redis_url(args)} answered a malformed report ({exc!r})",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -114,7 +129,7 @@ def _from_url(url: str, timeout: float) -> dict[str, Any]:
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
         data: dict[str, Any] = json.loads(response.read())
-    if not isinstance(data.get("operations"), list):
+    if not isinstance(data, dict) or not isinstance(data.get("operations"), list):
         raise ValueError(f"{url} did not answer with a ledger report")
     return data
 
@@ -123,11 +138,15 @@ def _audit(args: argparse.Namespace) -> int:
     from askonce.audit import LogFormat, audit_file
     from askonce.core.ledger import LedgerPolicy
 
-    try:
+    try:  # the flags: a usage error (2)
         fmt = LogFormat(kind=args.format, question_field=args.question_field, time_field=args.time_field,
                         operation_field=args.operation_field, principal_field=args.principal_field,
                         field=args.field, principal_index=args.principal_index, regex=args.regex)
         policy = LedgerPolicy(window=args.window, windows_kept=args.windows_kept, max_exact_keys=args.max_exact_keys)
+    except ValueError as exc:
+        print(f"askonce audit: {exc}", file=sys.stderr)
+        return 2
+    try:  # the environment and the file: the figures cannot be had (1)
         secret = None
         if args.secret_env:
             secret = os.environ.get(args.secret_env)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from askonce import _ledger_redis as lr
 from askonce import context
 from askonce._ledger_redis import COUNTED, REFUSED
-from askonce.core.ledger import Ledger, LedgerPolicy, Report
+from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 
 if TYPE_CHECKING:
     import redis
@@ -195,9 +195,8 @@ class RedisLedger:
         """Count one arrival; with a cap, False if it is over the cap (answered by Redis, else locally)."""
         flag = -1
         if self._cap is not None and key is not None and not malformed:
-            if not math.isfinite(now):
-                raise ValueError(f"ledger time must be a finite number of seconds, got {now!r}")
-            flag = self._capped(now, operation, key, edge, principal)  # I/O: before the lock, never under it
+            index = window_index(now, self.policy.window)  # ValueError for a time no window holds
+            flag = self._capped(index, operation, key, edge, principal)  # I/O: before the lock, never under it
         local = self._local_record
         if local is None and not math.isfinite(now):  # the local ledger would have said so
             raise ValueError(f"ledger time must be a finite number of seconds, got {now!r}")
@@ -217,11 +216,11 @@ class RedisLedger:
                 self._drop_locked(1, "buffer-full")
         return allowed
 
-    def _capped(self, now: float, operation: str, key: str, edge: bool, principal: str) -> int:
+    def _capped(self, index: int, operation: str, key: str, edge: bool, principal: str) -> int:
         """The Redis cap's verdict as buffer flags, or -1 for the local ledger to decide."""
         health = self._health
         if health.usable():
-            keys, args = self.space.cap_call(math.floor(now / self.policy.window), operation, edge, principal, key)
+            keys, args = self.space.cap_call(index, operation, edge, principal, key)
             try:
                 n = int(self._cap_script(keys=keys, args=args))
             except Exception as exc:
@@ -278,7 +277,14 @@ class RedisLedger:
                     self._drop_locked(invalid, "invalid")
                 dropped, self._unsent_dropped = self._unsent_dropped, {}
             if dropped:
-                calls.append(self._writer.dropped_call(dropped))
+                if any(call[0] == "dropped" for call in self._held):
+                    # One held drop count at a time: a call per flush would grow for as long as Redis is
+                    # away. The held one cannot take more (it may have run already); these wait their turn.
+                    with self._lock:
+                        for reason, n in dropped.items():
+                            self._unsent_dropped[reason] = self._unsent_dropped.get(reason, 0) + n
+                else:
+                    calls.append(self._writer.dropped_call(dropped))
             calls = self._held + calls
             if not calls:
                 with self._lock:

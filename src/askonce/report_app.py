@@ -43,10 +43,13 @@ class ReportApp:
                  poll: float = 5.0, clock: Callable[[], float] = time.time) -> None:
         if not callable(getattr(ledger, "report", None)):
             raise ValueError("ledger must have a report(now) method (MemoryLedger, RedisLedger)")
-        if not prefix.startswith("/") or prefix.endswith("/") or any(c in prefix for c in "\"'<>\\ "):
+        if (not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/")
+                or any(c in prefix for c in "\"'<>\\ ")):
             raise ValueError(f"prefix must look like '/askonce' (leading slash, no trailing one), got {prefix!r}")
-        if not isinstance(poll, int | float) or not 0.1 <= poll <= 3600:
+        if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.1 <= poll <= 3600:
             raise ValueError(f"poll must be within 0.1..3600 seconds, got {poll!r}")
+        if not callable(clock):
+            raise ValueError(f"clock must be callable, got {clock!r}")
         self.ledger = ledger
         self.app = app
         self.prefix = prefix

@@ -58,16 +58,24 @@ def default_store() -> Store:
     return _store
 
 
+_ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicate"
+
+
 def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
-    if isinstance(on, type) and issubclass(on, BaseException):
+    # KeyboardInterrupt, SystemExit, GeneratorExit and asyncio's CancelledError are not failures of a call:
+    # retrying one would swallow a Ctrl-C or a cancellation. A type is refused; a predicate never sees them.
+    if isinstance(on, type):
+        if not issubclass(on, Exception):
+            raise ValueError(f"{_ON} (never retried: BaseExceptions such as KeyboardInterrupt), got {on!r}")
         return lambda exc: isinstance(exc, on)
     if isinstance(on, tuple):
-        if not on or not all(isinstance(t, type) and issubclass(t, BaseException) for t in on):
-            raise ValueError("on= takes an exception type, a non-empty tuple of them, or a predicate")
+        if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
+            raise ValueError(f"{_ON}, got {on!r}")
         return lambda exc: isinstance(exc, on)
     if callable(on):
-        return cast(Callable[[BaseException], bool], on)
-    raise ValueError("on= takes an exception type, a non-empty tuple of them, or a predicate")
+        predicate = on
+        return lambda exc: isinstance(exc, Exception) and bool(predicate(exc))
+    raise ValueError(f"{_ON}, got {on!r}")
 
 
 def _layer_name(fn: Callable[..., Any]) -> str:
@@ -177,6 +185,15 @@ class retry:  # spelled like a function: it is used as a decorator
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        if isinstance(fn, classmethod | staticmethod):  # @retry above @classmethod: wrap the function inside
+            return cast(Callable[P, Any], type(fn)(self(fn.__func__)))
+        if not callable(fn):
+            raise ValueError(f"@askonce.retry decorates a function, got {fn!r}")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Calling one only makes the generator: its failures come later, while it is iterated, where
+            # no retry could resume it. Decorate the function that makes each call instead.
+            raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): decorate the call "
+                             "inside it")
         layer = self.layer or _layer_name(fn)
         if inspect.iscoroutinefunction(fn):
             return self._async_wrapper(fn, layer)

@@ -20,6 +20,12 @@ class Backoff:
     jitter: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("base", "cap", "multiplier"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"backoff {name} must be a number of seconds, got {value!r}")
+        if not isinstance(self.jitter, bool):  # "no" is truthy: jitter would be on
+            raise ValueError(f"backoff jitter must be True or False, got {self.jitter!r}")
         if not 0 <= self.base <= 3600:
             raise ValueError(f"backoff base must be within 0..3600 s, got {self.base!r}")
         if not self.base <= self.cap <= 3600:

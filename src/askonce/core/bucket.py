@@ -24,6 +24,10 @@ class BucketPolicy:
     max_tokens: float = 100.0  # cap on earned tokens
 
     def __post_init__(self) -> None:
+        for name in ("ratio", "floor", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):  # True would be a ratio of 1
+                raise ValueError(f"bucket {name} must be a number, got {value!r}")
         if not 0 <= self.ratio <= 10:
             raise ValueError(f"bucket ratio must be within 0..10, got {self.ratio!r}")
         if not 0 <= self.floor <= 1e6:

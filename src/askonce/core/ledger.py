@@ -90,6 +90,10 @@ UNKNOWN_ORIGIN = "~unknown"
 _PATH_CACHE_SIZE = 4096
 _PATH_CACHE_MAX_HOPS = 64
 
+MIN_WINDOW = 0.001
+MAX_WINDOW = 366 * 86_400.0
+MAX_WINDOWS_KEPT = 100_000
+
 Path = tuple[tuple[str, int], ...]
 
 
@@ -112,9 +116,13 @@ class LedgerPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int | float):
             raise ValueError(f"ledger window must be a number of seconds, got {self.window!r}")
-        if not (math.isfinite(self.window) and self.window > 0):
-            raise ValueError(f"ledger window must be a positive finite number, got {self.window!r}")
+        # Far below a millisecond a time divided by the window leaves the float range; far beyond a year a
+        # Redis TTL of windows_kept + 2 windows is no valid expiry. Either is a typo, not a policy.
+        if not MIN_WINDOW <= self.window <= MAX_WINDOW:
+            raise ValueError(f"ledger window must be within {MIN_WINDOW}..{MAX_WINDOW:.0f} s, got {self.window!r}")
         _count_field("windows_kept", self.windows_kept, 0)
+        if self.windows_kept > MAX_WINDOWS_KEPT:  # a report reads every kept window (from Redis: one by one)
+            raise ValueError(f"ledger windows_kept must be at most {MAX_WINDOWS_KEPT}, got {self.windows_kept!r}")
         _count_field("max_exact_keys", self.max_exact_keys, 0)
         _count_field("heavy_keys", self.heavy_keys, 0)
         _count_field("max_operations", self.max_operations, 1)
@@ -122,6 +130,15 @@ class LedgerPolicy:
             _count_field("cap", self.cap, 1)
         _count_field("max_paths_per_key", self.max_paths_per_key, 1)
         _count_field("max_names", self.max_names, 1)
+
+
+def window_index(now: float, window: float) -> int:
+    """The index of the window holding ``now``; ``ValueError`` for a time that is not finite or so far from
+    zero that ``now / window`` is not either."""
+    index = now / window
+    if not math.isfinite(index):
+        raise ValueError(f"ledger time must be a finite number of seconds (within range of the window), got {now!r}")
+    return math.floor(index)
 
 
 # The ledger ---------------------------------------------------------------------------------------
@@ -253,9 +270,7 @@ class Ledger:
         return info
 
     def _roll(self, now: float) -> None:
-        if not math.isfinite(now):
-            raise ValueError(f"ledger time must be a finite number of seconds, got {now!r}")
-        index = math.floor(now / self.policy.window)
+        index = window_index(now, self.policy.window)
         current = self._current
         if current is not None:
             if index <= current.index:

@@ -34,6 +34,22 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in values]
 
 
+def _bounded(name: str, high: float) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not 0 < value <= high:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{name} must be within (0, {high:g}], got {text!r}")
+        return value
+
+    return parse
+
+
+MAX_QUESTIONS = 100_000_000  # per run (rate x duration): beyond it a run takes hours and memory without end
+
+
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
@@ -58,8 +74,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help=f"run {QUICK * 100:.0f}%% of each duration (a smoke test)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     g = p.add_argument_group("the world")
-    g.add_argument("--duration", type=float, help="seconds of issued questions (depth, transient, clients)")
-    g.add_argument("--rate", type=float, help="questions per second, all clients together")
+    g.add_argument("--duration", type=_bounded("duration", 86_400.0),
+                   help="seconds of issued questions (depth, transient, clients)")
+    g.add_argument("--rate", type=_bounded("rate", 1e7), help="questions per second, all clients together")
     g.add_argument("--depths", type=_ints, help="depth, transient: retrying layers, e.g. 1,2,3,4,5 "
                    "(clients, overload: the first one)")
     g.add_argument("--error-rates", type=_floats, help="transient: e.g. 0.01,0.1,0.5")
@@ -115,11 +132,18 @@ def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"seed": args.seed, "knobs": _knobs(defaults["knobs"], args)}
     if args.policies:
         kw["policies"] = args.policies
+    for policy in kw.get("policies", defaults.get("policies", ())):
+        s.preset(policy, kw["knobs"])  # a bad name or knob: ValueError now, not after the first runs
     if "duration" in defaults:
         duration = args.duration if args.duration is not None else defaults["duration"]
         kw["duration"] = duration * (QUICK if args.quick else 1)
     if args.rate is not None and "rate" in defaults:
         kw["rate"] = args.rate
+    if "duration" in kw and "rate" in defaults:
+        questions = kw["duration"] * kw.get("rate", defaults["rate"])
+        if questions > MAX_QUESTIONS:
+            raise ValueError(f"{name}: rate x duration is {questions:.3g} questions per run; at most "
+                             f"{MAX_QUESTIONS:.0e}")
     if args.depths and "depths" in defaults:
         kw["depths"] = args.depths
     elif args.depths and "depth" in defaults:  # clients, overload: one stack depth
@@ -151,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
     rows: list[s.Row] = []
     try:
+        kwargs = {name: _scenario_kwargs(name, args) for name in names}  # every usage error before any run
         for name in names:
-            rows += s.SCENARIOS[name](**_scenario_kwargs(name, args), progress=progress)
+            rows += s.SCENARIOS[name](**kwargs[name], progress=progress)
     except ValueError as exc:  # a bad policy name or parameter: say which, not a traceback
         print(f"askonce simulate: {exc}", file=sys.stderr)
         return 2

@@ -31,9 +31,15 @@ local now = tonumber(ARGV[7]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
 local s = redis.call('HMGET', KEYS[1], 'e', 'f', 'u')
 local fcap = 0
 if floor > 0 then fcap = math.max(1, floor) end
-local e = tonumber(s[1]) or 0
-local f = tonumber(s[2]) or fcap
-local u = tonumber(s[3]) or now
+-- Another writer may have left anything (tonumber reads 'inf' and 'nan'): keep what the core can hold.
+local function num(x, d)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return d end
+  return v
+end
+local e = math.max(0, math.min(max_e, num(s[1], 0)))
+local f = math.max(0, math.min(fcap, num(s[2], fcap)))
+local u = num(s[3], now)
 if n > 0 then e = math.min(max_e, e + n * ratio) end
 if now > u then f = math.min(fcap, f + (now - u) * floor); u = now end
 local ok = 0
@@ -61,13 +67,31 @@ local function fmt(x) return string.format('%.6f', x) end
 local t = redis.call('TIME')
 local now = tonumber(ARGV[13]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
 local h = redis.call('HMGET', sk, 'st', 'now', 'oa', 'pa', 'ps', 'c', 'f', 's', 'nx', 'fl', 'hd', 'gen', 'ho')
-local st = tonumber(h[1]) or 0
-local last = tonumber(h[2])
-if last and now < last then now = last end
-local oa, pa, ps = tonumber(h[3]), tonumber(h[4]) or 0, tonumber(h[5]) or 0
-local calls, fails, slow = tonumber(h[6]) or 0, tonumber(h[7]) or 0, tonumber(h[8]) or 0
-local nx, fl, hd = tonumber(h[9]) or 0, tonumber(h[10]) or 0, tonumber(h[11])
-local gen, ho = tonumber(h[12]) or 0, tonumber(h[13])
+-- Another writer may have left anything (tonumber reads 'inf' and 'nan'). Every clamp below is a no-op
+-- on a state this script wrote; it keeps a foreign one from wedging the breaker or breaking the reply.
+local function num(x)
+  local v = tonumber(x)
+  if v ~= v or v == math.huge or v == -math.huge then return nil end
+  return v
+end
+local st = num(h[1]) or 0
+local last = num(h[2])
+if last and now < last and last - now < 86400 then now = last end
+local oa, pa, ps = num(h[3]), num(h[4]) or 0, num(h[5]) or 0
+local calls, fails, slow = num(h[6]) or 0, num(h[7]) or 0, num(h[8]) or 0
+local nx, fl, hd = num(h[9]) or 0, num(h[10]) or 0, num(h[11])
+local gen, ho = num(h[12]) or 0, num(h[13])
+if st ~= 0 and st ~= 1 and st ~= 2 then st, calls, fails, slow, nx, fl, hd = 0, 0, 0, 0, 0, 0, nil end
+if oa and oa > now then oa = now end
+if st == 1 and not oa then oa = now end
+if ho and ho > now then ho = now end
+pa = math.max(0, math.min(probes, math.floor(pa)))
+ps = math.max(0, math.min(pa, math.floor(ps)))
+calls = math.max(0, calls)
+fails, slow = math.max(0, math.min(calls, fails)), math.max(0, math.min(calls, slow))
+if nx ~= math.floor(nx) or nx < 0 or nx >= size then nx = 0 end
+fl = math.max(0, math.min(size, math.floor(fl)))
+if hd and hd > math.floor(now) then hd = nil end
 local moves, leased = {}, 0
 
 local function bucket(i)

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from askonce import context
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
-from askonce.stores._redis_lua import LUA_BREAKER, LUA_BUCKET, text
+from askonce.stores._redis_lua import LUA_BREAKER, LUA_BUCKET, BreakerReply, text
 from askonce.stores.redis import BreakerBase, BucketBase, StoreBase, no_retry, warn_if_retrying
 
 __all__ = ["AsyncRedisBreakerHandle", "AsyncRedisBucketHandle", "AsyncRedisStore"]
@@ -112,11 +112,12 @@ class AsyncRedisBreakerHandle(BreakerBase):
             try:
                 raw = await store.run(store.breaker_script(keys=self._keys,
                                                            args=self._call_args(op, success, duration)))
+                reply = BreakerReply(raw, now)  # an answer that does not read is Redis' failure, not the caller's
             except Exception as exc:
                 health.failed(op, exc)
             else:
                 health.succeeded()
-                return self._answer(raw, now)
+                return self._answer(reply, now)
         health.fallback(op)
         return self._local_op(op, now, success, duration)
 

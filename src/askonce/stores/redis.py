@@ -37,7 +37,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -229,8 +229,7 @@ class BreakerBase:
         if moved:
             notify(self._listeners, self.target, moved)
 
-    def _answer(self, raw: Sequence[Any], now: float) -> bool:
-        reply = BreakerReply(raw, now)
+    def _answer(self, reply: BreakerReply, now: float) -> bool:
         if reply.leased:
             count("breaker.probe-lease-expired")
         self._observe(reply.state, reply.retry_at, reply.transitions, now)
@@ -377,11 +376,12 @@ class RedisBreakerHandle(BreakerBase):
         if health.usable():
             try:
                 raw = self._store.breaker_script(keys=self._keys, args=self._call_args(op, success, duration))
+                reply = BreakerReply(raw, now)  # an answer that does not read is Redis' failure, not the caller's
             except Exception as exc:
                 health.failed(op, exc)
             else:
                 health.succeeded()
-                return self._answer(raw, now)
+                return self._answer(reply, now)
         health.fallback(op)
         return self._local_op(op, now, success, duration)
 
