@@ -328,3 +328,11 @@ def test_the_grace_flag_reaches_the_askonce_policy_only() -> None:
     assert preset("askonce", knobs).grace == 0.1 and preset("naive", knobs).grace == 0.0
     with pytest.raises(ValueError, match="grace"):
         preset("askonce", _knobs(Knobs(), parser.parse_args(["simulate", "--grace", "-1"])))
+
+
+def test_a_world_of_more_questions_than_a_run_can_hold_is_refused() -> None:
+    from askonce.sim.world import MAX_QUESTIONS, World
+
+    assert World(rate=1000.0, duration=MAX_QUESTIONS / 1000.0).rate == 1000.0  # the bound itself is allowed
+    with pytest.raises(ValueError, match="questions"):
+        World(rate=1e6, duration=86_400.0)  # 8.6e10 questions: hours of CPU and memory without end

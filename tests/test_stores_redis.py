@@ -168,7 +168,9 @@ def test_the_stores_satisfy_the_protocols(shared_redis: RedisServer) -> None:
 
 
 @pytest.mark.parametrize("options", [dict(prefix="a{b"), dict(prefix=""), dict(op_timeout=0), dict(ttl=0.5),
-                                     dict(deposit_batch=0), dict(retry_after=-1), dict(max_targets=0)])
+                                     dict(deposit_batch=0), dict(retry_after=-1), dict(max_targets=0),
+                                     dict(op_timeout=True), dict(op_timeout="0.05"), dict(ttl=float("nan")),
+                                     dict(retry_after=None), dict(prefix=5)])
 def test_bad_options_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         RedisStore("redis://127.0.0.1:1/0", **options)

@@ -47,8 +47,6 @@ def _bounded(name: str, high: float) -> Any:
     return parse
 
 
-MAX_QUESTIONS = 100_000_000  # per run (rate x duration): beyond it a run takes hours and memory without end
-
 
 def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
@@ -126,6 +124,7 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
 
 def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from askonce.sim import scenarios as s
+    from askonce.sim.world import MAX_QUESTIONS
 
     fn = s.SCENARIOS[name]
     defaults = {k: v.default for k, v in inspect.signature(fn).parameters.items()}

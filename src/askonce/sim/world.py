@@ -42,6 +42,9 @@ class Policy:
             raise ValueError(f"grace must be within 0..10 s, got {self.grace!r}")
 
 
+MAX_QUESTIONS = 100_000_000  # per run (rate x duration): beyond it a run takes hours and memory without end
+
+
 @dataclass(frozen=True, slots=True)
 class World:
     """The stack, the load and the trouble. Times are virtual seconds."""
@@ -86,6 +89,9 @@ class World:
             raise ValueError(f"cut must be (start <= end, factor in (0, 1]), got {self.cut!r}")
         if self.horizon is not None and not 0 < self.horizon < float("inf"):
             raise ValueError(f"horizon must be None or positive, got {self.horizon!r}")
+        if self.rate * self.duration > MAX_QUESTIONS:
+            raise ValueError(f"rate x duration is {self.rate * self.duration:.3g} questions; "
+                             f"at most {MAX_QUESTIONS:.0e}")
 
 
 class Question(Protocol):

@@ -113,9 +113,16 @@ class Health:
                 log.info("askonce: Redis store is back; shared state resumed")
 
 
+def _seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)  # NaN passes here, fails the ranges
+
+
 def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float, deposit_batch: int) -> None:
-    if not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
+    if not isinstance(prefix, str) or not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
         raise ValueError(f"prefix must be a non-empty printable name without braces, got {prefix!r}")
+    for name, value in (("op_timeout", op_timeout), ("retry_after", retry_after), ("ttl", ttl)):
+        if not _seconds(value):
+            raise ValueError(f"{name} must be seconds (an int or a float), got {value!r}")
     if not 0 < op_timeout <= 60:
         raise ValueError(f"op_timeout must be within (0, 60] seconds, got {op_timeout!r}")
     if not 0 <= retry_after <= 3600:
