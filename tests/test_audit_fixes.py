@@ -217,3 +217,26 @@ def test_outgoing_gives_back_what_it_held_when_the_header_cannot_be_built(bad: s
     finally:
         context._frame.reset(token)
     assert account.left == 3
+
+
+async def test_an_asgi_give_up_after_the_response_started_is_not_counted_as_a_503() -> None:
+    from askonce.integrations.asgi import AskonceASGIMiddleware
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise askonce.BudgetExhausted("spent", reply=Reply(0, True, "exhausted"), layer="db", key=None, attempts=3)
+
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    before = askonce.stats()
+    with pytest.raises(askonce.BudgetExhausted):  # too late for a 503: the server cuts the response
+        await AskonceASGIMiddleware(app, layer="api")({"type": "http", "method": "GET", "path": "/", "headers": []},
+                                                      receive, send)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200]
+    assert askonce.stats().get("server.gave-up.exhausted", 0) == before.get("server.gave-up.exhausted", 0)

@@ -88,9 +88,11 @@ def make_app(closes: Closes) -> Callable[[dict[str, Any], Any], Iterable[bytes]]
 
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         path = environ["PATH_INFO"]
-        if path in ("/write", "/write-then-give-up"):  # the legacy write() callable
+        if path in ("/write", "/write-then-give-up", "/write-then-raise"):  # the legacy write() callable
             write = start_response("200 OK", [("content-type", "text/plain")])
             write(b"written\n")  # the headers go out with it
+            if path == "/write-then-raise":  # from the app call itself, not from its body
+                raise exhausted()
 
             def rest() -> Iterator[bytes]:
                 if path == "/write-then-give-up":
@@ -347,13 +349,16 @@ def test_the_legacy_write_callable_gets_the_reply_header(served: Running) -> Non
     assert served.new_errors() == []
 
 
-def test_a_give_up_after_write_sent_the_headers_cuts_the_response(served: Running) -> None:
+@pytest.mark.parametrize("path", ["/write-then-give-up", "/write-then-raise"])
+def test_a_give_up_after_write_sent_the_headers_cuts_the_response(served: Running, path: str) -> None:
     before = askonce.stats()
-    r = raw(served.url, "/write-then-give-up", q(GOOD))
+    r = raw(served.url, path, q(GOOD))
     assert (r.status, r.reply) == (200, Reply(2))  # the server refused the 503: its headers were out
     assert r.body.startswith(b"written") and b"returned" not in r.body
-    assert served.closed("/write-then-give-up")
+    if path == "/write-then-give-up":
+        assert served.closed(path)
     assert "server.gave-up.exhausted" not in delta(before)
+    assert delta(before).get("server.gave-up.unsent") == 1
     assert not any("AssertionError" in e for e in served.new_errors())
 
 

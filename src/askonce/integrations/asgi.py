@@ -145,8 +145,8 @@ class AskonceASGIMiddleware:
                 return  # after a disconnect there is nobody to answer
             except Exception as exc:
                 ex.finish()
-                answer = server.failure(arrival, exc)
-                if answer is None or ex.started:
+                answer = None if ex.started else server.failure(arrival, exc)  # started: too late for a 503
+                if answer is None:
                     raise
                 await _send_answer(send, answer)
                 return

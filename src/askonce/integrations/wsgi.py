@@ -96,12 +96,12 @@ class AskonceWSGIMiddleware:
         try:
             body = self.app(environ, exchange.start_response)
         except Exception as exc:
-            answer = self.server.failure(arrival, exc)
+            answer = self.server.failure(arrival, exc, count=False)
             if answer is None:
                 raise
             # a second start_response must carry exc_info (PEP 3333); a first one need not, and some
             # servers re-raise whenever it is given
-            _start(start_response, answer, sys.exc_info() if exchange.called else None)
+            _replace(self.server, start_response, answer, sys.exc_info() if exchange.called else None)
             return [answer.body]
         return (_SizedBody if hasattr(body, "__len__") else _Body)(ctx, body, exchange)
 
@@ -134,10 +134,10 @@ class _Exchange:
         self.called = True
         arrival = self.arrival
         if arrival.noted is not None and status[:1] == "5":
-            answer = self.server.failure(arrival, arrival.noted)
+            answer = self.server.failure(arrival, arrival.noted, count=False)
             if answer is not None:
                 self.replaced = answer
-                _start(self.start_response_, answer, exc_info)
+                _replace(self.server, self.start_response_, answer, exc_info)
                 return _discard
         if not any(name.lower() == REPLY_HEADER for name, _ in headers):
             headers = [*headers, (REPLY_HEADER, arrival.reply_header())]
@@ -155,6 +155,20 @@ def _start(start_response: StartResponse, answer: Answer, exc_info: ExcInfo | No
         start_response(answer.status_line, answer.headers())
     else:
         start_response(answer.status_line, answer.headers(), exc_info)
+
+
+def _replace(server: Server, start_response: StartResponse, answer: Answer, exc_info: ExcInfo | None) -> None:
+    """Start a give-up's 503 in place of the app's response; counted as sent only once the server took it.
+
+    A server whose headers are already out re-raises ``exc_info`` instead (PEP 3333): the response is then
+    cut as it would be without the middleware, and counted as ``server.gave-up.unsent``.
+    """
+    try:
+        _start(start_response, answer, exc_info)
+    except BaseException:
+        context.count("server.gave-up.unsent")
+        raise
+    server.count_give_up(answer)
 
 
 class _Body:
@@ -197,12 +211,7 @@ class _Body:
                 exchange.replaced = answer
                 # as in _call: exc_info only for a second start_response (the server re-raises if it already
                 # sent the headers, which the app may have done through write())
-                try:
-                    _start(exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
-                except BaseException:
-                    context.count("server.gave-up.unsent")  # the headers were out: the response is cut instead
-                    raise
-                server.count_give_up(answer)
+                _replace(server, exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
                 self._sent = True
                 return answer.body
             replaced = exchange.replaced  # start_response may be called at the first chunk
