@@ -196,3 +196,12 @@ def test_a_pushback_beyond_max_or_unreadable_ends_the_question_instead_of_waitin
     assert isinstance(action, GiveUp) and action.kind == "pushback" and action.reply.dnr
     assert action.reply.pushback == expect
     assert state.tab.account.left == 2  # nothing was spent on a retry that never happens
+
+
+def test_an_attempt_never_sent_gives_back_what_forward_held() -> None:
+    state = make(budget=3)
+    assert state.forward() == 3 and state.tab.account.left == 0
+    state.unsent()
+    assert state.tab.account.left == 3 and state.held == 0
+    state.unsent()  # twice: nothing more comes back
+    assert state.tab.account.left == 3

@@ -63,7 +63,6 @@ from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
     ANSWERED,
     LOST,
-    REFUSED,
     Acquire,
     Attempt,
     Failure,
@@ -274,8 +273,8 @@ def _flow(caller: Caller, call: _Call, sleep: Callable[[float], object],
             try:
                 header = context.question_header((call.tab, (*call.path, action.hop)), now, forwarded,
                                                  state.forward())
-            except BaseException:  # not sent: settled as refused, so what forward() held goes back
-                state.on_failure(Failure(retryable=False, delivery=REFUSED), clock(), 0.0)
+            except BaseException:  # not sent: what forward() held goes back, and the breaker's slot
+                state.unsent()
                 if breaker is not None:
                     yield partial(breaker.release, clock())
                 raise

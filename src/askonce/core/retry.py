@@ -235,6 +235,10 @@ class RetryState:
         self.held = self.tab.account.hold(self.tab.account.left)
         return self.held
 
+    def unsent(self) -> None:
+        """The attempt :meth:`forward` held for was never sent (its header could not be built): give it back."""
+        self._settle(REFUSED, None)
+
     def given(self, limit: float | None, grace: float, now: float) -> float | None:
         """Before sending an attempt that waits ``limit`` seconds: the seconds its callee is given
         (:func:`attempt_window`), noted so that :meth:`on_failure` reads the callee's answer at that
