@@ -32,7 +32,7 @@ from askonce.core.retry import (
     GiveUp,
     RetryState,
     Wait,
-    attempt_deadline,
+    attempt_window,
     own_deadline,
 )
 from askonce.integrations.asgi import AskonceASGIMiddleware
@@ -40,6 +40,11 @@ from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from e2e_services import uvicorn_running
 
 # --- the core ---------------------------------------------------------------------------------------
+
+
+def attempt_deadline(limit: float | None, grace: float, left: float | None = None) -> float | None:
+    """The seconds a callee is given, the question's deadline ``left`` seconds away (``None``: none)."""
+    return attempt_window(limit, grace, left, 0.0)[0]
 
 
 @given(st.floats(0.001, 1000), st.floats(0, 10))

@@ -69,6 +69,7 @@ def test_signed_header_takes_the_fast_path_and_agrees_with_the_general_parser() 
 
     key = askonce.new_key()
     text = format_question(key, "edge", True, 1, 2.0, (askonce.Hop("edge", 1),), signing.mac(key, SECRET))
-    fast = wire._parse_canonical(text, 0.0, askonce.Limits())
+    fields = wire._canonical(text, 0.0, askonce.Limits())
+    fast = None if fields is None else askonce.Question(*fields)
     assert fast is not None and fast == wire._parse_question_general(text, 0.0, askonce.Limits())
     assert fast.sig == signing.mac(key, SECRET)

@@ -123,21 +123,6 @@ _SAME_DEADLINE = 0.001
 QUESTION_MARGIN = 0.02
 
 
-def attempt_deadline(limit: float | None, grace: float, left: float | None = None) -> float | None:
-    """The seconds a callee is given for an attempt its caller waits ``limit`` seconds for.
-
-    ``grace`` seconds fewer, and never more than a tenth of ``limit`` fewer: an askonce callee answers at
-    its deadline with the budget it has left, and that answer must arrive while the caller still waits,
-    or the call is lost and what it forwarded is forfeited (fail closed). ``grace`` 0: the whole limit.
-
-    ``left``: the question's own seconds left. Where it, not the attempt's timeout, sets the limit, a
-    retry after the callee's answer could not fit anyway; what the answer still brings back is the budget
-    it reports, for the callers above, so the callee loses only ``QUESTION_MARGIN`` of the question's
-    time at each hop instead of the whole grace.
-    """
-    return attempt_window(limit, grace, left, 0.0)[0]  # a deadline ``left`` seconds after time 0
-
-
 Sent = tuple[float, float | None]  # an attempt's (seconds given to the callee, the question's seconds left)
 
 
@@ -145,8 +130,14 @@ def attempt_window(limit: float | None, grace: float, deadline: float | None,
                    now: float) -> tuple[float | None, Sent | None]:
     """The seconds an attempt sent at ``now`` gives its callee, and what :func:`own_deadline` will need.
 
-    ``limit``: how long the caller waits; ``deadline``: the question's. Without a grace (or a limit) the
-    callee gets the limit and nothing is noted: its answer at that deadline stays a do-not-retry.
+    ``limit``: how long the caller waits; ``deadline``: the question's. The callee gets ``grace`` seconds
+    fewer, and never more than a tenth of ``limit`` fewer: an askonce callee answers at its deadline with
+    the budget it has left, and that answer must arrive while the caller still waits, or the call is lost
+    and what it forwarded is forfeited (fail closed). Where the question's deadline, not the attempt's
+    timeout, sets the limit, a retry after the callee's answer could not fit anyway; what the answer still
+    brings back is the budget it reports, for the callers above, so the callee loses only
+    ``QUESTION_MARGIN`` of the question's time at each hop instead of the whole grace. Without a grace (or a
+    limit) the callee gets the limit and nothing is noted: its answer at that deadline stays a do-not-retry.
     """
     if limit is None or grace <= 0:
         return limit, None

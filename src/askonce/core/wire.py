@@ -167,10 +167,8 @@ def _keep(cache: dict[_K, _V], key: _K, value: _V) -> None:
 
 
 def _canonical_path(p: str) -> tuple[Hop, ...] | None:
-    """The hops of a path text that matched the canonical expression; ``None`` if an attempt is out of range."""
-    path = _PATHS.get(p)
-    if path is not None:
-        return path
+    """The hops of a path text that matched the canonical expression and is not cached yet (the caller looks
+    in ``_PATHS`` first); ``None`` if an attempt is out of range."""
     hops = []
     for hop in p.split(" "):
         layer, _, n = hop.rpartition(":")
@@ -226,11 +224,6 @@ def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
             return None
     most = limits.max_budget
     return key, origin, edge is not None, most if most < budget else budget, deadline, path, sig
-
-
-def _parse_canonical(text: str, now: float, limits: Limits) -> Question | None:
-    fields = _canonical(text, now, limits)
-    return None if fields is None else Question(*fields)
 
 
 def _ascii(text: str | bytes) -> str | Malformed:
