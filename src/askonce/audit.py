@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from askonce import context
-from askonce.core import wire
+from askonce.core import is_int, is_real, wire
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 from askonce.core.wire import Limits, Malformed
 
@@ -71,7 +71,7 @@ class LogFormat:
             raise ValueError(f"log format must be 'jsonl' or 'nginx', got {self.kind!r}")
         for name in ("field", "principal_index"):
             n = getattr(self, name)
-            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            if n is not None and (not is_int(n) or n < 1):
                 raise ValueError(f"{name} counts fields from 1, got {n!r}")
         if self.regex is not None:
             try:
@@ -107,7 +107,7 @@ class _Times:
         self._value: float | None = None
 
     def __call__(self, raw: Any) -> float | None:
-        if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if is_real(raw):
             t = float(raw)  # json reads NaN, Infinity and 1e400: no time
             return (t / 1000 if t > 1e11 else t) if math.isfinite(t) else None
         if raw == self._last:

@@ -35,6 +35,7 @@ from weakref import WeakKeyDictionary
 
 from askonce import context
 from askonce.context import count
+from askonce.core import is_int
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.wire import Reply
 from askonce.errors import CircuitOpen, reply_of
@@ -62,7 +63,7 @@ def _status(exc: BaseException) -> int | None:
     # httpx.HTTPStatusError and requests.HTTPError carry .response.status_code; others .status_code.
     for holder in (exc, getattr(exc, "response", None)):
         status = getattr(holder, "status_code", None)
-        if isinstance(status, int) and not isinstance(status, bool):
+        if is_int(status):
             return status
     return None
 
@@ -268,7 +269,7 @@ B = TypeVar("B", CircuitBreaker, AsyncCircuitBreaker)
 class _Registry(Generic[B]):
     def __init__(self, policy: BreakerPolicy, clock: Callable[[], float] | None,
                  is_failure: Callable[[BaseException], bool], max_targets: int) -> None:
-        if isinstance(max_targets, bool) or not isinstance(max_targets, int) or max_targets < 1:
+        if not is_int(max_targets) or max_targets < 1:
             raise ValueError(f"max_targets must be an integer of at least 1, got {max_targets!r}")
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be callable, got {clock!r}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from askonce import context
+from askonce.core import is_int, is_real
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure, RetryPolicy
@@ -75,7 +76,7 @@ class ClientPolicy:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("retry_statuses", "throttle_statuses"):
             statuses = _collection(name, getattr(self, name))
-            if not all(type(s) is int and 100 <= s <= 599 for s in statuses):
+            if not all(is_int(s) and 100 <= s <= 599 for s in statuses):  # http.HTTPStatus too
                 raise ValueError(f"{name} must hold HTTP status codes (100..599), got {getattr(self, name)!r}")
             object.__setattr__(self, name, statuses)
         methods = _collection("idempotent_methods", self.idempotent_methods)
@@ -87,12 +88,12 @@ class ClientPolicy:
                                        and header.replace("-", "").isalnum()):
             raise ValueError(f"idempotency_header must be a header name or None, got {header!r}")
         t = self.attempt_timeout
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= MAX_RETRY_AFTER):
+        if t is not None and (not is_real(t) or not 0 < t <= MAX_RETRY_AFTER):
             raise ValueError(f"attempt_timeout must be within (0, 86400] s or None, got {t!r}")
         g = self.deadline_grace
-        if isinstance(g, bool) or not isinstance(g, int | float) or not 0 <= g <= 10:
+        if not is_real(g) or not 0 <= g <= 10:
             raise ValueError(f"deadline_grace must be within 0..10 s, got {g!r}")
-        if type(self.max_discard) is not int or not 0 <= self.max_discard <= 1 << 26:
+        if not is_int(self.max_discard) or not 0 <= self.max_discard <= 1 << 26:
             raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
 
 

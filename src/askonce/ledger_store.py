@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from askonce import _ledger_redis as lr
 from askonce import context
 from askonce._ledger_redis import COUNTED, REFUSED
+from askonce.core import is_int
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ class RedisLedger:
             if not (isinstance(value, int | float) and low <= value <= high):
                 raise ValueError(f"{name} must be within {low}..{high} seconds, got {value!r}")
         for name, n in (("batch", batch), ("max_buffer", max_buffer)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if not is_int(n) or n < 1:
                 raise ValueError(f"{name} must be a positive integer, got {n!r}")
         self.policy = policy
         self.local = MemoryLedger(policy)

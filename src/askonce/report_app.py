@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from askonce import context
+from askonce.core import is_real
 from askonce.ledger_store import LedgerShell
 
 __all__ = ["ReportApp"]
@@ -46,7 +47,7 @@ class ReportApp:
         if (not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/")
                 or any(c in prefix for c in "\"'<>\\ ")):
             raise ValueError(f"prefix must look like '/askonce' (leading slash, no trailing one), got {prefix!r}")
-        if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.1 <= poll <= 3600:
+        if not is_real(poll) or not 0.1 <= poll <= 3600:
             raise ValueError(f"poll must be within 0.1..3600 seconds, got {poll!r}")
         if not callable(clock):
             raise ValueError(f"clock must be callable, got {clock!r}")

@@ -3,3 +3,17 @@
 Everything here takes time (``now``, monotonic seconds) and randomness as inputs, so the sync and async
 shells, the integrations and the simulator all drive the very same objects.
 """
+
+from typing import TypeGuard
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An option that must be a whole number: an ``int`` (an ``IntEnum`` too), never a ``bool``
+    (``attempts=True`` is a bug, not one attempt)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    """An option that must be a number (seconds, a rate): an ``int`` or a ``float``, never a ``bool``.
+    NaN passes here; the range check that follows refuses it."""
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from askonce.core import is_real
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
@@ -22,7 +24,7 @@ class Backoff:
     def __post_init__(self) -> None:
         for name in ("base", "cap", "multiplier"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_real(value):
                 raise ValueError(f"backoff {name} must be a number of seconds, got {value!r}")
         if not isinstance(self.jitter, bool):  # "no" is truthy: jitter would be on
             raise ValueError(f"backoff jitter must be True or False, got {self.jitter!r}")

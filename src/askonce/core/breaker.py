@@ -59,6 +59,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from askonce.core import is_int, is_real
 from askonce.core.breaker_window import _FAIL, _SLOW, _CountWindow, _TimeWindow, _Window
 
 __all__ = ["Breaker", "BreakerPolicy", "State", "Transition"]
@@ -68,13 +69,6 @@ _MAX_COUNT_WINDOW: Final = 1_000_000  # calls: one byte each
 _MAX_TIME_WINDOW: Final = 86_400  # seconds: one day of buckets
 
 
-def _is_int(value: object) -> bool:
-    # bool is an int subclass, but window_size=True is a bug, not a window of one.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +87,11 @@ class BreakerPolicy:
             raise ValueError(f"breaker window must be 'count' or 'time', got {self.window!r}")
         # The window's memory is allocated up front, so an absurd size is refused rather than honoured.
         limit = _MAX_COUNT_WINDOW if self.window == "count" else _MAX_TIME_WINDOW
-        if not _is_int(self.window_size) or not 1 <= self.window_size <= limit:
+        if not is_int(self.window_size) or not 1 <= self.window_size <= limit:
             raise ValueError(
                 f"breaker {self.window} window_size must be an int within 1..{limit}, got {self.window_size!r}"
             )
-        if not _is_int(self.minimum_calls) or self.minimum_calls < 1:
+        if not is_int(self.minimum_calls) or self.minimum_calls < 1:
             raise ValueError(f"breaker minimum_calls must be an int >= 1, got {self.minimum_calls!r}")
         if self.window == "count" and self.minimum_calls > self.window_size:
             # A count window never holds more than window_size calls, so the breaker could never open.
@@ -107,14 +101,14 @@ class BreakerPolicy:
         for name in ("failure_rate", "slow_call_rate"):
             rate = getattr(self, name)
             # Written so that NaN fails the check too.
-            if not _is_real(rate) or not 0 < rate <= 1:
+            if not is_real(rate) or not 0 < rate <= 1:
                 raise ValueError(f"breaker {name} must be within (0, 1], got {rate!r}")
         duration = self.slow_call_duration
-        if duration is not None and (not _is_real(duration) or not 0 < duration < math.inf):
+        if duration is not None and (not is_real(duration) or not 0 < duration < math.inf):
             raise ValueError(f"breaker slow_call_duration must be None or finite > 0, got {duration!r}")
-        if not _is_real(self.open_for) or not 0 < self.open_for < math.inf:
+        if not is_real(self.open_for) or not 0 < self.open_for < math.inf:
             raise ValueError(f"breaker open_for must be finite > 0 seconds, got {self.open_for!r}")
-        if not _is_int(self.half_open_probes) or self.half_open_probes < 1:
+        if not is_int(self.half_open_probes) or self.half_open_probes < 1:
             raise ValueError(f"breaker half_open_probes must be an int >= 1, got {self.half_open_probes!r}")
 
 
@@ -242,7 +236,7 @@ class Breaker:
 
     def record_successes(self, now: float, n: int) -> None:
         """``state_at(now)``, then ``n`` times ``record(now, success=True)``, without a loop over ``n``."""
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f"breaker record_successes needs an int n >= 0, got {n!r}")
         now = self._tick(now)
         policy = self._policy

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from askonce.core import is_real
+
 
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
@@ -26,7 +28,7 @@ class BucketPolicy:
     def __post_init__(self) -> None:
         for name in ("ratio", "floor", "max_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):  # True would be a ratio of 1
+            if not is_real(value):  # True would be a ratio of 1
                 raise ValueError(f"bucket {name} must be a number, got {value!r}")
         if not 0 <= self.ratio <= 10:
             raise ValueError(f"bucket ratio must be within 0..10, got {self.ratio!r}")

@@ -79,6 +79,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from askonce.core import is_int, is_real
 from askonce.core.ledger_report import HeavyKey, Kind, OperationReport, PerKey, Report, Totals
 from askonce.core.ledger_state import OTHER as OTHER
 from askonce.core.ledger_state import Entry, OperationState, Table, Window, bump, combine, summarize
@@ -98,7 +99,7 @@ Path = tuple[tuple[str, int], ...]
 
 
 def _count_field(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"ledger {name} must be an integer >= {low}, got {value!r}")
 
 
@@ -114,7 +115,7 @@ class LedgerPolicy:
     max_names: int = 64  # layer / origin / drop-reason names per counter; beyond: folded into "~other"
 
     def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int | float):
+        if not is_real(self.window):
             raise ValueError(f"ledger window must be a number of seconds, got {self.window!r}")
         # Far below a millisecond a time divided by the window leaves the float range; far beyond a year a
         # Redis TTL of windows_kept + 2 windows is no valid expiry. Either is a typo, not a policy.

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from askonce.core import is_int, is_real
 from askonce.core.backoff import Backoff
 from askonce.core.question import Account, Hop, Tab
 from askonce.core.wire import MAX_ATTEMPT, Reply
@@ -53,32 +54,24 @@ class RetryPolicy:
     max_pushback: float = 60.0
 
     def __post_init__(self) -> None:
-        if not _integer(self.attempts) or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
+        if not is_int(self.attempts) or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
             raise ValueError(f"attempts must be an integer within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
-        if not _integer(self.budget) or not 0 <= self.budget <= 1000:
+        if not is_int(self.budget) or not 0 <= self.budget <= 1000:
             raise ValueError(f"budget must be an integer within 0..1000, got {self.budget!r}")
         if not isinstance(self.backoff, Backoff):
             raise ValueError(f"backoff must be an askonce.Backoff, got {self.backoff!r}")
         if not isinstance(self.idempotent, bool):  # "no" is truthy: every call would be retried as safe
             raise ValueError(f"idempotent must be True or False, got {self.idempotent!r}")
-        if self.deadline is not None and not (_seconds(self.deadline) and 0 < self.deadline <= 86_400):
+        if self.deadline is not None and not (is_real(self.deadline) and 0 < self.deadline <= 86_400):
             raise ValueError(f"deadline must be within (0, 86400] s or None, got {self.deadline!r}")
-        if not (_seconds(self.min_attempt) and 0 <= self.min_attempt <= 3600):
+        if not (is_real(self.min_attempt) and 0 <= self.min_attempt <= 3600):
             raise ValueError(f"min_attempt must be within 0..3600 s, got {self.min_attempt!r}")
         if self.deadline is not None and self.min_attempt >= self.deadline:
             raise ValueError("min_attempt must be shorter than the deadline, or no attempt could ever start")
-        if not (_seconds(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
+        if not (is_real(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
 
 
-def _integer(value: object) -> bool:
-    """An int (an IntEnum too), not a bool: ``attempts=True`` is a bug, not one attempt."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _seconds(value: object) -> bool:
-    """A number of seconds: an int or a float, not a bool (NaN passes here and fails the range checks)."""
-    return not isinstance(value, bool) and isinstance(value, int | float)
 
 
 LOCAL = "local"  # an in-process call: the callee spends from the same account, nothing to infer

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from askonce.core import is_int, is_real
 from askonce.core.question import Account, Frame, Hop, Question, Tab
 
 QUESTION_HEADER = "askonce-question"
@@ -74,10 +75,10 @@ class Limits:
 
     def __post_init__(self) -> None:
         b = self.max_budget
-        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= MAX_BUDGET:  # not a bool, a float or a str
+        if not is_int(b) or not 0 <= b <= MAX_BUDGET:  # not a bool, a float or a str
             raise ValueError(f"max_budget must be an integer within 0..{MAX_BUDGET}, got {b!r}")
         d = self.max_deadline
-        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d <= _MAX_SECONDS:  # NaN fails
+        if not is_real(d) or not 0 < d <= _MAX_SECONDS:  # NaN fails
             raise ValueError(f"max_deadline must be seconds within (0, {MAX_DEADLINE_MS // 1000}], got {d!r}")
 
 

@@ -13,6 +13,7 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, TypeVar
 
+from askonce.core import is_real
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.question import mint_key
 
@@ -44,7 +45,7 @@ def _check(ok: bool, what: str, value: object) -> None:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def from_json(cls: type[S], data: object) -> S:

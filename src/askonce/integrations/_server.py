@@ -34,7 +34,7 @@ from askonce import context
 from askonce.client_replies import Record, recording
 from askonce.client_replies import _record as _give_ups  # the context variable of client.replies()
 from askonce.context import Serving, _frame
-from askonce.core import wire
+from askonce.core import is_int, is_real, wire
 from askonce.core.question import Frame
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
@@ -95,10 +95,10 @@ class ServerOptions:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.limits, Limits):
             raise ValueError(f"limits must be an askonce.Limits, got {self.limits!r}")
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 0 <= self.budget <= wire.MAX_BUDGET:
+        if not is_int(self.budget) or not 0 <= self.budget <= wire.MAX_BUDGET:
             raise ValueError(f"budget must be an integer within 0..{wire.MAX_BUDGET}, got {self.budget!r}")
         d = self.deadline
-        if d is not None and (isinstance(d, bool) or not isinstance(d, int | float)
+        if d is not None and (not is_real(d)
                               or not 0 < d <= wire.MAX_DEADLINE_MS / 1000):
             raise ValueError(f"deadline must be seconds within (0, 86400] or None, got {d!r}")
         if self.ledger is not None and not callable(getattr(self.ledger, "record", None)):

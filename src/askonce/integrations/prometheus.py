@@ -52,6 +52,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from askonce import context
+from askonce.core import is_int
 from askonce.core.ledger import OTHER, OperationReport, Report
 from askonce.ledger_store import LedgerShell
 
@@ -85,7 +86,7 @@ class LedgerCollector:
         if not isinstance(events, bool):
             raise ValueError(f"events must be True or False, got {events!r}")
         for name, n in (("max_operations", max_operations), ("max_events", max_events)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if not is_int(n) or n < 1:
                 raise ValueError(f"{name} must be a positive integer, got {n!r}")
         if not isinstance(prefix, str) or not prefix.isascii() or not prefix.replace("_", "").isalnum() or (
                 not prefix[0].isalpha()):

@@ -37,6 +37,7 @@ from askonce.client import (
     judge_http,
 )
 from askonce.context import count
+from askonce.core import is_real
 from askonce.core.wire import QUESTION_HEADER
 from askonce.stores.base import AsyncStore, Store
 
@@ -69,7 +70,7 @@ def _no_retries(max_retries: object) -> Retry:
 
 
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return float(value) if is_real(value) else None
 
 
 def _split(timeout: object) -> tuple[float | None, float | None]:

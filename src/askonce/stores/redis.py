@@ -46,6 +46,7 @@ from redis.retry import Retry
 
 from askonce import context
 from askonce.context import count
+from askonce.core import is_int, is_real
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 from askonce.stores._redis_lua import (
@@ -113,15 +114,12 @@ class Health:
                 log.info("askonce: Redis store is back; shared state resumed")
 
 
-def _seconds(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)  # NaN passes here, fails the ranges
-
 
 def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float, deposit_batch: int) -> None:
     if not isinstance(prefix, str) or not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
         raise ValueError(f"prefix must be a non-empty printable name without braces, got {prefix!r}")
     for name, value in (("op_timeout", op_timeout), ("retry_after", retry_after), ("ttl", ttl)):
-        if not _seconds(value):
+        if not is_real(value):
             raise ValueError(f"{name} must be seconds (an int or a float), got {value!r}")
     if not 0 < op_timeout <= 60:
         raise ValueError(f"op_timeout must be within (0, 60] seconds, got {op_timeout!r}")
@@ -129,7 +127,7 @@ def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float
         raise ValueError(f"retry_after must be within 0..3600 seconds, got {retry_after!r}")
     if not 1 <= ttl <= 30 * 86_400 or not math.isfinite(ttl):
         raise ValueError(f"ttl must be within 1 s..30 days, got {ttl!r}")
-    if isinstance(deposit_batch, bool) or not isinstance(deposit_batch, int) or not 1 <= deposit_batch <= 1_000_000:
+    if not is_int(deposit_batch) or not 1 <= deposit_batch <= 1_000_000:
         raise ValueError(f"deposit_batch must be an int within 1..1000000, got {deposit_batch!r}")
 
 
