@@ -66,7 +66,7 @@ def server() -> Iterator[tuple[str, list[bytes]]]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = bodies[0]
+            body = bodies.pop(0)  # each body is served once: a test sees whether it was asked for
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -104,6 +104,9 @@ def test_report_from_a_url_answering_a_malformed_report(body: object, server: tu
     code, err = run(["report", "--plain", "--url", url, "--timeout", "5"], capsys)
     assert code == 1, err
     assert err.startswith("askonce report: ")
+    # the answer was read and judged, not a fetch that failed (which prints the same prefix)
+    assert "answered a malformed report" in err or "did not answer with a ledger report" in err, err
+    assert bodies == []  # the server was asked for it
 
 
 @pytest.mark.parametrize("flags", [

@@ -103,6 +103,6 @@ async def test_the_async_breaker_with_an_out_of_range_state_does_not_raise(share
         key = _state_key(client, store, "breaker")  # type: ignore[arg-type]
         client.hset(key, "st", "9")
         await breaker.allow(0.0)  # IndexError from the reply's parsing, in the caller
-        assert (await breaker.state(0.0)) in (State.CLOSED, State.OPEN, State.HALF_OPEN)
+        assert (await breaker.state(0.0)) is State.CLOSED  # an unknown state is read as closed, afresh
     finally:
         await store.aclose()

@@ -380,8 +380,10 @@ def test_a_one_chunk_body_keeps_the_content_length_the_server_gives_it(method: b
 
 def test_every_body_the_app_returned_is_closed(served: Running) -> None:
     paths = ["/ok", "/midstream-give-up", "/started-give-up", "/write", "/no-content"]
+    before = {path: served.closes.paths.count(path) for path in paths}  # earlier tests closed some already
     for path in paths:
         raw(served.url, path, q(GOOD))
     for path in paths:
         assert served.closed(path)
+        assert served.closes.paths.count(path) == before[path] + 1, path  # this request's body, once
 
