@@ -13,7 +13,6 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -31,11 +30,14 @@ from askonce.integrations.grpc import (
     AsyncAskonceServerInterceptor,
     channel_options,
 )
+from grpc_servers import ServerSet, plain_call
+from stats_delta import delta
 
 Code = grpc.StatusCode
 KEY = "01J9ZQ4M6T8V0XKD3C5B7N9P1R"
 ECHO = "/audit.Probe/Echo"
 SAYS = "/audit.Probe/Says"
+COUNTS = "/audit.Probe/Counts"
 
 
 def echo(request: bytes, ctx: Any) -> bytes:
@@ -92,50 +94,28 @@ def counts(request: bytes, ctx: Any) -> bytes:
 SYNC_ON_AIO = {"Echo": echo, "Exhausted": exhaust, "Aborts": aborts, "SetsCode": sets_code, "Counts": counts}
 
 
-class Servers:
+def probe_service(handlers: dict[str, grpc.RpcMethodHandler]) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler("audit.Probe", handlers)
+
+
+class Servers(ServerSet):
     lock = threading.Lock()
     arrivals = 0
 
     def __init__(self) -> None:
-        self.sync = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AskonceServerInterceptor(layer="svc")])
-        self.sync.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("audit.Probe", {
-            "Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
-        self.plain = grpc.server(futures.ThreadPoolExecutor(4))  # no askonce: says what it is told to
-        self.plain.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("audit.Probe", {
-            "Says": grpc.unary_unary_rpc_method_handler(says)}),))
-        ports = {name: server.add_insecure_port("127.0.0.1:0") for name, server in
-                 (("sync", self.sync), ("plain", self.plain))}
-        self.sync.start()
-        self.plain.start()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-        async def start() -> tuple[int, int]:
-            self.aio = aio.server(interceptors=[AsyncAskonceServerInterceptor(layer="svc")])
-            self.aio.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("audit.Probe", {
-                "Echo": grpc.unary_unary_rpc_method_handler(aecho)}),))
-            # sync handlers on an aio server: grpc.aio runs them in its migration thread pool
-            self.mixed = aio.server(futures.ThreadPoolExecutor(4),
-                                    interceptors=[AsyncAskonceServerInterceptor(layer="svc")])
-            self.mixed.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("audit.Probe", {
-                **{k: grpc.unary_unary_rpc_method_handler(v) for k, v in SYNC_ON_AIO.items()},
-                "Count": grpc.stream_unary_rpc_method_handler(count_in)}),))
-            ports = self.aio.add_insecure_port("127.0.0.1:0"), self.mixed.add_insecure_port("127.0.0.1:0")
-            await self.aio.start()
-            await self.mixed.start()
-            return ports
-
-        ports["aio"], ports["mixed"] = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        self.urls = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-
-    def close(self) -> None:
-        self.sync.stop(None)
-        self.plain.stop(None)
-        for server in (self.aio, self.mixed):
-            asyncio.run_coroutine_threadsafe(server.stop(None), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__()
+        self.urls: dict[str, str] = {}
+        _, self.urls["sync"] = self.add_sync(probe_service({"Echo": grpc.unary_unary_rpc_method_handler(echo)}),
+                                             interceptors=[AskonceServerInterceptor(layer="svc")])
+        # no askonce: says what it is told to
+        _, self.urls["plain"] = self.add_sync(probe_service({"Says": grpc.unary_unary_rpc_method_handler(says)}))
+        _, self.urls["aio"] = self.add_aio(probe_service({"Echo": grpc.unary_unary_rpc_method_handler(aecho)}),
+                                           interceptors=[AsyncAskonceServerInterceptor(layer="svc")])
+        # sync handlers on an aio server: grpc.aio runs them in its migration thread pool
+        _, self.urls["mixed"] = self.add_aio(probe_service({
+            **{k: grpc.unary_unary_rpc_method_handler(v) for k, v in SYNC_ON_AIO.items()},
+            "Count": grpc.stream_unary_rpc_method_handler(count_in)}),
+            interceptors=[AsyncAskonceServerInterceptor(layer="svc")], migration_workers=4)
 
 
 @pytest.fixture(scope="module")
@@ -145,19 +125,10 @@ def servers() -> Iterator[Servers]:
     s.close()
 
 
-def delta(before: dict[str, int]) -> dict[str, int]:
-    after = askonce.stats()
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
-
-
 def plain_echo(url: str, metadata: tuple[tuple[str, str | bytes], ...]) -> tuple[Code, dict[str, Any], Any]:
     """A call without askonce on the client: status, trailing metadata, and the handler's view."""
-    with grpc.insecure_channel(url) as ch:
-        try:
-            body, call = ch.unary_unary(ECHO).with_call(b"", timeout=5, metadata=metadata)
-            return call.code(), dict(call.trailing_metadata() or ()), json.loads(body)
-        except grpc.RpcError as e:
-            return e.code(), dict(e.trailing_metadata() or ()), None
+    code, trailing, body = plain_call(url, ECHO, metadata=metadata)
+    return code, trailing, None if body is None else json.loads(body)
 
 
 GOOD = f'v=1, k="{KEY}", o=edge, e, b=2, d=5000'
@@ -198,15 +169,6 @@ def test_a_question_next_to_a_binary_one_is_used_and_the_binary_one_counted(serv
 # --- sync handlers on a grpc.aio server ----------------------------------------------------------------
 
 
-def plain(url: str, name: str, metadata: Any) -> tuple[Code, dict[str, Any], bytes | None]:
-    with grpc.insecure_channel(url) as ch:
-        try:
-            body, call = ch.unary_unary(f"/audit.Probe/{name}").with_call(b"", timeout=5, metadata=metadata)
-            return call.code(), dict(call.trailing_metadata() or ()), body
-        except grpc.RpcError as e:
-            return e.code(), dict(e.trailing_metadata() or ()), None
-
-
 @pytest.mark.parametrize(("name", "code", "reply", "mine"), [
     ("Echo", Code.OK, Reply(2), False),
     ("Exhausted", Code.UNAVAILABLE, Reply(0, True, "exhausted"), False),
@@ -215,7 +177,7 @@ def plain(url: str, name: str, metadata: Any) -> tuple[Code, dict[str, Any], byt
 ])
 def test_sync_handlers_on_an_aio_server_are_served(servers: Servers, name: str, code: Code, reply: Reply,
                                                    mine: bool) -> None:
-    got, trailing, body = plain(servers.urls["mixed"], name, ((Q, GOOD),))
+    got, trailing, body = plain_call(servers.urls["mixed"], f"/audit.Probe/{name}", metadata=((Q, GOOD),))
     assert got == code
     assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == reply
     assert ("x-mine" in trailing) == mine  # the handler's own trailing metadata is kept
@@ -233,9 +195,9 @@ def test_a_sync_stream_unary_handler_on_an_aio_server_is_served(servers: Servers
 
 def test_a_late_arrival_is_refused_before_a_sync_handler_on_an_aio_server_runs(servers: Servers) -> None:
     Servers.arrivals = 0
-    assert plain(servers.urls["mixed"], "Counts", ((Q, GOOD),))[0] == Code.OK
+    assert plain_call(servers.urls["mixed"], COUNTS, metadata=((Q, GOOD),))[0] == Code.OK
     assert Servers.arrivals == 1  # the handler counts when it runs
-    got, trailing, _ = plain(servers.urls["mixed"], "Counts", ((Q, f'v=1, k="{KEY}", o=edge, b=1, d=0'),))
+    got, trailing, _ = plain_call(servers.urls["mixed"], COUNTS, metadata=((Q, f'v=1, k="{KEY}", o=edge, b=1, d=0'),))
     assert got == Code.DEADLINE_EXCEEDED
     assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == Reply(1, True, "deadline")
     assert Servers.arrivals == 1  # refused before it ran

@@ -9,9 +9,6 @@ back, the clients must not crash, must count what they could not use, and must f
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,59 +21,10 @@ from askonce import NO_WAIT, RetryPolicy
 from askonce.client import ClientPolicy
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from askonce.integrations.requests import session
+from http_raw import Canned
+from stats_delta import delta
 
 MODES = ["httpx", "httpx-async", "requests"]
-
-
-class Canned:
-    """A socket server that answers each request with ``head`` and a two-byte body, counting arrivals."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.head = b"HTTP/1.1 200 OK\r\n"
-        self.lock = threading.Lock()
-        self.arrivals = 0
-        self.threads: list[threading.Thread] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str = "/x") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:  # closed: the test is over
-                return
-            t = threading.Thread(target=self._one, args=(conn,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(5)
-            data = b""
-            try:
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                with self.lock:
-                    self.arrivals += 1
-                conn.sendall(self.head + b"content-length: 2\r\nconnection: close\r\n\r\nok")
-            except OSError:
-                return
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (closing alone does not, on Linux)
-        self.sock.close()
-        self.thread.join(5)
-        for t in self.threads:
-            t.join(5)
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +58,6 @@ def get(mode: str, url: str, timeout: Any = 5.0) -> Any:
         return asyncio.run(go())
     with session(policy(), sleep=no_wait) as s:
         return s.get(url, timeout=timeout)
-
-
-def delta(before: dict[str, int]) -> dict[str, int]:
-    after = askonce.stats()
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
 
 
 def left() -> int:

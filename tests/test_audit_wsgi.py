@@ -9,7 +9,6 @@ sockets, so that header bytes arrive exactly as written (duplicates, invalid lat
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,9 +20,10 @@ import pytest
 
 import askonce
 from askonce import Reply
-from askonce.core import wire
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from e2e_services import waitress_running
+from http_raw import q, raw
+from stats_delta import delta
 
 SERVERS = ["waitress", "wsgiref"]
 KEY = "01J9ZQ4M6T8V0XKD3C5B7N9P1R"
@@ -178,67 +178,6 @@ def served(request: pytest.FixtureRequest) -> Iterator[Running]:
     else:
         with wsgiref_running(mw) as (url, errors):
             yield Running("wsgiref", url, errors, closes)
-
-
-class Response:
-    def __init__(self, data: bytes) -> None:
-        head, _, self.body = data.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        self.status = int(lines[0].split()[1]) if lines[0] else 0
-        self.headers: list[tuple[str, str]] = []
-        for line in lines[1:]:
-            name, _, value = line.decode("latin-1").partition(":")
-            self.headers.append((name.strip().lower(), value.strip()))
-        self.complete = True
-        if self.all("transfer-encoding") == ["chunked"]:
-            self.body, self.complete = _dechunk(self.body)
-
-    def all(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k == name]
-
-    @property
-    def reply(self) -> Reply:
-        (value,) = self.all(askonce.REPLY_HEADER)
-        parsed = wire.parse_reply(value)
-        assert isinstance(parsed, Reply), (value, parsed)
-        return parsed
-
-
-def _dechunk(data: bytes) -> tuple[bytes, bool]:
-    """A chunked body's bytes, and whether it ended with its last chunk (a cut stream does not)."""
-    out = b""
-    while True:
-        size_line, sep, rest = data.partition(b"\r\n")
-        if not sep:
-            return out, False
-        size = int(size_line.split(b";")[0] or b"0", 16)
-        if size == 0:
-            return out, True
-        if len(rest) < size + 2:
-            return out + rest[:size], False
-        out, data = out + rest[:size], rest[size + 2:]
-
-
-def raw(url: str, path: str = "/ok", headers: bytes = b"", method: bytes = b"GET") -> Response:
-    """One HTTP/1.1 request written by hand (``Connection: close``); the whole response as it came."""
-    host, port = url.rsplit("/", 1)[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(method + b" " + path.encode() + b" HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + headers + b"\r\n")
-        data = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := s.recv(65536):
-                data += chunk
-    return Response(data)
-
-
-def q(text: str | bytes) -> bytes:
-    value = text.encode("ascii") if isinstance(text, str) else text
-    return askonce.QUESTION_HEADER.encode() + b": " + value + b"\r\n"
-
-
-def delta(before: dict[str, int]) -> dict[str, int]:
-    after = askonce.stats()
-    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
 
 
 GOOD = f'v=1, k="{KEY}", o=edge, e, b=2, d=5000'

@@ -1,6 +1,6 @@
 """Audit of the WSGI middleware: what callers and callees choose (reasons, pushbacks, keys and paths) stays
-within bounds: counter names, header values, memory. Real waitress servers on 127.0.0.1; the helpers are
-``test_audit_wsgi``'s.
+within bounds: counter names, header values, memory. Real waitress servers on 127.0.0.1; the app is
+``test_audit_wsgi``'s, the raw HTTP helpers ``http_raw``'s.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from askonce.core import wire
 from askonce.integrations.httpx import AskonceTransport
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from e2e_services import waitress_running
-from test_audit_http_clients import Canned
-from test_audit_wsgi import GOOD, KEY, Closes, make_app, q, raw
+from http_raw import Canned, q, raw
+from test_audit_wsgi import GOOD, KEY, Closes, make_app
 
 # --- counters named after what a callee said ----------------------------------------------------------
 

@@ -12,17 +12,7 @@ from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.wire import Reply
 from askonce.errors import CircuitOpen, attach_reply
 from askonce.stores.memory import MemoryStore
-
-CLOSED, OPEN, HALF = State.CLOSED, State.OPEN, State.HALF_OPEN
-POLICY = BreakerPolicy(window_size=10, minimum_calls=4, failure_rate=0.5, open_for=5.0, half_open_probes=1)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from fake_clock import CLOSED, HALF, OPEN, POLICY, Clock
 
 
 def registry(clock: Clock) -> BreakerRegistry:

@@ -20,7 +20,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -42,6 +41,7 @@ from askonce.integrations.grpc import (
     channel_options,
     judge_status,
 )
+from grpc_servers import ServerSet, plain_call
 
 SERVICE = "askonce.test.Probe"
 Code = grpc.StatusCode
@@ -175,43 +175,21 @@ def aio_handlers(probe: Probe, self_url: Callable[[], str]) -> grpc.GenericRpcHa
         SERVICE, {k: grpc.unary_unary_rpc_method_handler(v) for k, v in unary.items()})
 
 
-class Servers:
+class Servers(ServerSet):
     """A sync server and an aio server with the askonce interceptor, and a sync server without it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.probe = Probe()
         self.ledger = Ledger(LedgerPolicy(window=86_400.0, cap=4))
         limits = Limits(max_budget=3, max_deadline=10.0)
-        self.sync = grpc.server(futures.ThreadPoolExecutor(8), interceptors=[
-            AskonceServerInterceptor(layer="billing", limits=limits, ledger=self.ledger)])
-        self.sync.add_generic_rpc_handlers((sync_handlers(self.probe, lambda: self.urls["sync"]),))
-        sync_port = self.sync.add_insecure_port("127.0.0.1:0")
-        self.sync.start()
-        self.plain = grpc.server(futures.ThreadPoolExecutor(4))
-        self.plain.add_generic_rpc_handlers((sync_handlers(self.probe, lambda: self.urls["plain"]),))
-        plain_port = self.plain.add_insecure_port("127.0.0.1:0")
-        self.plain.start()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-        async def start() -> int:
-            self.aio = aio.server(interceptors=[AsyncAskonceServerInterceptor(layer="billing", limits=limits)])
-            self.aio.add_generic_rpc_handlers((aio_handlers(self.probe, lambda: self.urls["aio"]),))
-            port = self.aio.add_insecure_port("127.0.0.1:0")
-            await self.aio.start()
-            return port
-
-        aio_port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        self.urls = {name: f"127.0.0.1:{port}" for name, port in
-                     (("sync", sync_port), ("aio", aio_port), ("plain", plain_port))}
-
-    def close(self) -> None:
-        self.sync.stop(None)
-        self.plain.stop(None)
-        asyncio.run_coroutine_threadsafe(self.aio.stop(None), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.urls: dict[str, str] = {}
+        _, self.urls["sync"] = self.add_sync(
+            sync_handlers(self.probe, lambda: self.urls["sync"]), workers=8,
+            interceptors=[AskonceServerInterceptor(layer="billing", limits=limits, ledger=self.ledger)])
+        _, self.urls["plain"] = self.add_sync(sync_handlers(self.probe, lambda: self.urls["plain"]))
+        _, self.urls["aio"] = self.add_aio(aio_handlers(self.probe, lambda: self.urls["aio"]),
+                                           interceptors=[AsyncAskonceServerInterceptor(layer="billing", limits=limits)])
 
 
 @pytest.fixture(scope="module")
@@ -268,17 +246,6 @@ def call(mode: str, url: str, name: str, request: bytes = b"", *, p: ClientPolic
                     return Result(error=e, reply=last_reply())
 
     return asyncio.run(go())
-
-
-def plain_call(url: str, name: str, metadata: tuple[tuple[str, str], ...] = (),
-               options: list[tuple[str, Any]] | None = None) -> tuple[grpc.StatusCode, dict[str, Any]]:
-    """A call without askonce on the client side: status and trailing metadata."""
-    with grpc.insecure_channel(url, options=options or []) as ch:
-        try:
-            _, c = ch.unary_unary(method(name)).with_call(b"", timeout=5, metadata=metadata)
-            return c.code(), dict(c.trailing_metadata() or ())
-        except grpc.RpcError as e:
-            return e.code(), dict(e.trailing_metadata() or ())
 
 
 def question(budget: int = 2, deadline_ms: int = 5000) -> tuple[tuple[str, str], ...]:
@@ -448,7 +415,7 @@ def test_ok_and_the_callers_own_faults_are_answers(code: grpc.StatusCode, health
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_a_give_up_escaping_a_handler_is_unavailable_with_dnr(server: str, servers: Servers, probe: Probe) -> None:
-    code, trailing = plain_call(servers.urls[server], "Exhausted", question(budget=3))
+    code, trailing, _ = plain_call(servers.urls[server], method("Exhausted"), metadata=question(budget=3))
     assert code == Code.UNAVAILABLE
     assert parsed(trailing) == Reply(0, True, "exhausted")
     assert trailing["grpc-retry-pushback-ms"] == "-1"
@@ -462,8 +429,8 @@ RETRY_CONFIG = json.dumps({"methodConfig": [{"name": [{"service": SERVICE}], "re
 @pytest.mark.parametrize("server", SERVERS)
 def test_grpcs_own_retry_policy_stops_at_a_dnr_reply(server: str, servers: Servers, probe: Probe) -> None:
     options = [("grpc.service_config", RETRY_CONFIG)]
-    assert plain_call(servers.urls[server], "Fail", options=options)[0] == Code.UNAVAILABLE
-    assert plain_call(servers.urls[server], "Exhausted", options=options)[0] == Code.UNAVAILABLE
+    assert plain_call(servers.urls[server], method("Fail"), options=options)[0] == Code.UNAVAILABLE
+    assert plain_call(servers.urls[server], method("Exhausted"), options=options)[0] == Code.UNAVAILABLE
     assert probe.count("Fail") == 3  # gRPC's retry policy at work...
     assert probe.count("Exhausted") == 1  # ...stopped by grpc-retry-pushback-ms: -1 on a dnr reply
 
@@ -473,12 +440,7 @@ def test_grpcs_own_retry_policy_stops_at_a_dnr_reply(server: str, servers: Serve
 def test_a_handlers_own_error_after_a_downstream_give_up_passes_dnr_on(server: str, request_: bytes,
                                                                        code: grpc.StatusCode, dnr: bool,
                                                                        servers: Servers, probe: Probe) -> None:
-    with grpc.insecure_channel(servers.urls[server]) as ch:
-        try:
-            _, c = ch.unary_unary(method("Downstream")).with_call(request_, timeout=5, metadata=question(budget=3))
-            got, trailing = c.code(), dict(c.trailing_metadata())
-        except grpc.RpcError as e:
-            got, trailing = e.code(), dict(e.trailing_metadata())
+    got, trailing, _ = plain_call(servers.urls[server], method("Downstream"), request_, question(budget=3))
     assert got == code  # the handler's own status is kept
     assert parsed(trailing).dnr is dnr  # a handler that recovered says nothing of the downstream give-up
     if dnr:
@@ -488,14 +450,14 @@ def test_a_handlers_own_error_after_a_downstream_give_up_passes_dnr_on(server: s
 @pytest.mark.parametrize("server", SERVERS)
 def test_an_arrival_past_its_deadline_is_refused_before_the_handler_runs(server: str, servers: Servers,
                                                                          probe: Probe) -> None:
-    code, trailing = plain_call(servers.urls[server], "Echo", question(deadline_ms=0))
+    code, trailing, _ = plain_call(servers.urls[server], method("Echo"), metadata=question(deadline_ms=0))
     assert code == Code.DEADLINE_EXCEEDED and parsed(trailing) == Reply(2, True, "deadline")
     assert probe.count("Echo") == 0
 
 
 def test_the_ledger_counts_by_method_and_refuses_over_its_cap(servers: Servers, probe: Probe) -> None:
     md = question()
-    codes = [plain_call(servers.urls["sync"], "Echo", md) for _ in range(5)]
+    codes = [plain_call(servers.urls["sync"], method("Echo"), metadata=md)[:2] for _ in range(5)]
     assert [c for c, _ in codes] == [Code.OK] * 4 + [Code.RESOURCE_EXHAUSTED]
     assert parsed(codes[-1][1]) == Reply(2, True, "cap") and probe.count("Echo") == 4
     with LEDGER_LOCK:
@@ -506,7 +468,7 @@ def test_the_ledger_counts_by_method_and_refuses_over_its_cap(servers: Servers, 
 def test_a_malformed_question_is_counted_and_a_local_key_minted(servers: Servers, probe: Probe) -> None:
     before = askonce.stats().get("malformed.question.budget", 0)
     bad = (("askonce-question", 'v=1, k="0123456789abcdefXYZ", o=x, b=-1'),)
-    code, _ = plain_call(servers.urls["sync"], "Echo", bad)
+    code, _, _ = plain_call(servers.urls["sync"], method("Echo"), metadata=bad)
     assert code == Code.OK and askonce.stats()["malformed.question.budget"] == before + 1
     assert probe.seen[0]["edge"] is False and probe.seen[0]["budget"] == 2
 

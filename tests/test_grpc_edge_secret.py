@@ -7,12 +7,9 @@ checks the signature. The targets' ledgers remember how each key was recorded.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -32,6 +29,7 @@ from askonce.integrations.grpc import (
     AsyncAskonceServerInterceptor,
     channel_options,
 )
+from grpc_servers import ServerSet, plain_call, start_sync
 
 SERVICE = "askonce.test.Signed"
 SECRET = b"0123456789abcdef0123"
@@ -94,54 +92,26 @@ def aio_handlers() -> grpc.GenericRpcHandler:
         "Echo": grpc.unary_unary_rpc_method_handler(echo), "Relay": grpc.unary_unary_rpc_method_handler(relay)})
 
 
-class Servers:
+class Servers(ServerSet):
     """Per mode, an originator (``originator=True`` and the secret) and a target (a ledger and the secrets)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.ledgers = {"sync": Recording(), "aio": Recording()}
         self.urls: dict[str, str] = {}
-        self.sync: list[grpc.Server] = []
         for role, interceptor in (
             ("originator", AskonceServerInterceptor(layer="web", originator=True, edge_secret=SECRET)),
             ("target", AskonceServerInterceptor(layer="billing", ledger=self.ledgers["sync"],
                                                 edge_secret=[SECRET, OLD_SECRET])),
         ):
-            server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[interceptor])
-            server.add_generic_rpc_handlers((sync_handlers(),))
-            self.urls[f"sync-{role}"] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-            server.start()
-            self.sync.append(server)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.aio: list[aio.Server] = []
-
-        async def start() -> None:
-            for role, interceptor in (
-                ("originator", AsyncAskonceServerInterceptor(layer="web", originator=True,
-                                                             edge_secret=(SECRET, OLD_SECRET))),
-                ("target", AsyncAskonceServerInterceptor(layer="billing", ledger=self.ledgers["aio"],
-                                                         edge_secret=SECRET)),
-            ):
-                server = aio.server(interceptors=[interceptor])
-                server.add_generic_rpc_handlers((aio_handlers(),))
-                self.urls[f"aio-{role}"] = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-                await server.start()
-                self.aio.append(server)
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-
-    def close(self) -> None:
-        for server in self.sync:
-            server.stop(None)
-
-        async def stop() -> None:
-            for server in self.aio:
-                await server.stop(None)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+            _, self.urls[f"sync-{role}"] = self.add_sync(sync_handlers(), interceptors=[interceptor])
+        for role, ainterceptor in (
+            ("originator", AsyncAskonceServerInterceptor(layer="web", originator=True,
+                                                         edge_secret=(SECRET, OLD_SECRET))),
+            ("target", AsyncAskonceServerInterceptor(layer="billing", ledger=self.ledgers["aio"],
+                                                     edge_secret=SECRET)),
+        ):
+            _, self.urls[f"aio-{role}"] = self.add_aio(aio_handlers(), interceptors=[ainterceptor])
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +121,12 @@ def servers() -> Iterator[Servers]:
     s.close()
 
 
-def plain_call(url: str, name: str, request: bytes = b"",
-               metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """A call without askonce on the client side, so that nothing arrives at the first server."""
-    with grpc.insecure_channel(url) as ch:
-        return json.loads(ch.unary_unary(method(name))(request, timeout=5, metadata=metadata))  # type: ignore[no-any-return]
+def seen_by(url: str, name: str, request: bytes = b"", metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """What the handler saw, from a call without askonce on the client side (nothing arrives at the first server)."""
+    code, _, body = plain_call(url, method(name), request, metadata)
+    if body is None:
+        raise RuntimeError(f"{name} failed with {code}")
+    return json.loads(body)  # type: ignore[no-any-return]
 
 
 def signed_question(secret: bytes | str | None) -> tuple[tuple[str, str], ...]:
@@ -169,7 +140,7 @@ def signed_question(secret: bytes | str | None) -> tuple[tuple[str, str], ...]:
 @pytest.mark.parametrize("originator", MODES)
 def test_a_key_minted_by_a_grpc_originator_is_signed_and_verified_as_an_edge_key_at_the_target(
         originator: str, target: str, servers: Servers) -> None:
-    seen = plain_call(servers.urls[f"{originator}-originator"], "Relay", servers.urls[f"{target}-target"].encode())
+    seen = seen_by(servers.urls[f"{originator}-originator"], "Relay", servers.urls[f"{target}-target"].encode())
     assert seen["edge"] is True
     assert askonce.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), SECRET)  # the first secret signs
     assert not askonce.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), OLD_SECRET)
@@ -186,7 +157,7 @@ def test_a_forged_or_unsigned_edge_key_is_recorded_as_unsigned_not_attributable(
     base = 0 if attributable is None else attributable.attributable
     keys = {}
     for name, secret in (("signed", SECRET), ("forged", b"not the originators' secret!"), ("unsigned", None)):
-        seen = plain_call(servers.urls[f"{target}-target"], "Echo", metadata=signed_question(secret))
+        seen = seen_by(servers.urls[f"{target}-target"], "Echo", metadata=signed_question(secret))
         assert seen["edge"] is True  # the handler sees the question as it came; only the ledger judges
         keys[name] = seen["key"]
     assert ledger.by_key[keys["signed"]] == (True, "edge")
@@ -199,18 +170,15 @@ def test_a_forged_or_unsigned_edge_key_is_recorded_as_unsigned_not_attributable(
 
 
 def test_the_older_secret_still_verifies_while_rotating(servers: Servers) -> None:
-    seen = plain_call(servers.urls["sync-target"], "Echo", metadata=signed_question(OLD_SECRET))
+    seen = seen_by(servers.urls["sync-target"], "Echo", metadata=signed_question(OLD_SECRET))
     assert servers.ledgers["sync"].by_key[seen["key"]] == (True, "edge")  # the sync target accepts both
 
 
 def test_an_originator_without_the_secret_mints_keys_the_target_does_not_attribute(servers: Servers) -> None:
-    unsigned = grpc.server(futures.ThreadPoolExecutor(2),
-                           interceptors=[AskonceServerInterceptor(layer="web", originator=True)])
-    unsigned.add_generic_rpc_handlers((sync_handlers(),))
-    url = f"127.0.0.1:{unsigned.add_insecure_port('127.0.0.1:0')}"
-    unsigned.start()
+    unsigned, url = start_sync(sync_handlers(), interceptors=[AskonceServerInterceptor(layer="web", originator=True)],
+                               workers=2)
     try:
-        seen = plain_call(url, "Relay", servers.urls["sync-target"].encode())
+        seen = seen_by(url, "Relay", servers.urls["sync-target"].encode())
     finally:
         unsigned.stop(None)
     assert seen["edge"] is True and seen["sig"] == ""
