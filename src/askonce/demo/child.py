@@ -1,9 +1,10 @@
-"""What every demo process does around its app: bind a free port, say which, and die with its parent.
+"""What every demo process does around its app: bind a free port, say which, die with its parent.
 
-A process of the stack is started as ``python -m askonce.demo.<module>`` with a pipe on stdin. It binds
-127.0.0.1 port 0, prints ``port <n>`` on stdout (the one line the parent reads) and serves. It exits at
-once on SIGTERM, ignores SIGINT (the parent owns Ctrl-C and stops its children itself), and exits when
-its stdin reaches end-of-file or its parent changes: a demo killed with SIGKILL leaves no orphans.
+A process of the stack is started as ``python -m askonce.demo.<module>`` with a pipe on stdin. It
+binds 127.0.0.1 port 0, prints ``port <n>`` on stdout (the one line the parent reads) and serves.
+It exits at once on SIGTERM, ignores SIGINT (the parent owns Ctrl-C and stops its children
+itself), and exits when its stdin reaches end-of-file or its parent changes: a demo killed with
+SIGKILL leaves no orphans.
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def prepare() -> None:
     signal.signal(signal.SIGTERM, _exit_now)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_stdin, name="demo-stdin", daemon=True).start()
-    threading.Thread(target=_watch_ppid, args=(os.getppid(),), name="demo-ppid", daemon=True).start()
+    threading.Thread(target=_watch_ppid, args=(os.getppid(),), name="demo-ppid",
+                     daemon=True).start()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65_536, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE,
+                               (hard if hard != resource.RLIM_INFINITY else 65_536, hard))
 
 
 def announce(port: int) -> None:
@@ -69,8 +72,8 @@ def serve_asgi(app: Any) -> None:
     # Accepted sockets inherit it; without it every response waits 40 ms for a delayed ACK (Nagle).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", backlog=4096,
-                            timeout_keep_alive=30)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            backlog=4096, timeout_keep_alive=30)
 
     class Server(uvicorn.Server):
         """uvicorn's server without its signal handling: this process has its own (exit at once)."""
@@ -87,7 +90,8 @@ def serve_wsgi(app: Callable[..., Any], threads: int) -> None:
     """Serve a WSGI app with waitress on a free loopback port until stopped."""
     import waitress  # type: ignore[import-untyped]
 
-    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=4096,
-                                    backlog=4096, asyncore_use_poll=True, channel_timeout=60, ident="askonce-demo")
+    server = waitress.create_server(app, host="127.0.0.1", port=0, threads=threads,
+                                    connection_limit=4096, backlog=4096, asyncore_use_poll=True,
+                                    channel_timeout=60, ident="askonce-demo")
     announce(server.effective_port)
     server.run()

@@ -1,8 +1,9 @@
-"""``askonce demo``: registered by ``askonce.cli`` with :func:`add_parser`; nothing heavy is imported here.
+"""``askonce demo``: registered by ``askonce.cli`` with :func:`add_parser`; nothing heavy is
+imported here.
 
 ``askonce demo`` runs the real multi-process stack on 127.0.0.1 (:mod:`askonce.demo.main`);
-``askonce demo --in-process`` runs the arithmetic of the same three layers in one process, no sockets
-(:mod:`askonce.demo.inprocess`), and needs nothing but askonce.
+``askonce demo --in-process`` runs the arithmetic of the same three layers in one process, no
+sockets (:mod:`askonce.demo.inprocess`), and needs nothing but askonce.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("outage", "transient", "slow", "overload")
-DEMO_BUDGET = 3  # askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module
+# askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module.
+DEMO_BUDGET = 3
 
 
 def _scenarios(text: str) -> tuple[str, ...]:
@@ -41,25 +43,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "demo",
         help="a real localhost stack, naive and with askonce, counted at the target",
-        description="Start a gateway (FastAPI), an API (Flask), a service (FastAPI) and a target (Starlette) on "
-        "127.0.0.1, run each scenario with naive per-layer retries and with askonce, and compare what the "
-        "target saw. Writes an HTML report with plots.",
+        description="Start a gateway (FastAPI), an API (Flask), a service (FastAPI) and a target "
+        "(Starlette) on 127.0.0.1, run each scenario with naive per-layer retries and with "
+        "askonce, and compare what the target saw. Writes an HTML report with plots.",
     )
     p.add_argument("--quick", action="store_true",
                    help="smaller, shorter scenarios: under 20 s (the full run takes about 60 s)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="report folder (default ./askonce-report-<timestamp>)")
-    p.add_argument("--redis", metavar="URL", help="keep buckets, breakers and the target's ledger in Redis")
+    p.add_argument("--json", action="store_true",
+                   help="print the results as JSON on stdout (progress on stderr)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="report folder (default ./askonce-report-<timestamp>)")
+    p.add_argument("--redis", metavar="URL",
+                   help="keep buckets, breakers and the target's ledger in Redis")
     p.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="LIST",
                    help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the load, the keys and the target's failures")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the load, the keys and the target's failures")
     p.add_argument("--budget", type=int, default=DEMO_BUDGET, choices=range(11), metavar="N",
-                   help=f"retries an askonce question may cost in all, across every layer (default {DEMO_BUDGET})")
+                   help="retries an askonce question may cost in all, across every layer "
+                        f"(default {DEMO_BUDGET})")
     p.add_argument("--grace", type=_grace, default=0.0, metavar="S",
-                   help="askonce clients' deadline_grace: retry timed-out tries whose callee answers at "
-                        "its deadline (default 0, off, as in the library)")
+                   help="askonce clients' deadline_grace: retry timed-out tries whose callee "
+                        "answers at its deadline (default 0, off, as in the library)")
     p.add_argument("--in-process", action="store_true",
-                   help="no sockets: the three layers' arithmetic in one process (needs no extra package)")
+                   help="no sockets: the three layers' arithmetic in one process "
+                        "(needs no extra package)")
     g = p.add_argument_group("--in-process only")
     g.add_argument("--questions", type=int, default=1000)
     g.add_argument("--depth", type=int, default=3, choices=range(1, 6))
@@ -72,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
         return _in_process(args)
     from askonce.demo.main import Options, run_demo
 
-    return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json, out=args.out,
-                            redis=args.redis, seed=args.seed, budget=args.budget, grace=args.grace,
-                            command=_command(args)))
+    return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json,
+                            out=args.out, redis=args.redis, seed=args.seed, budget=args.budget,
+                            grace=args.grace, command=_command(args)))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -100,13 +108,16 @@ def _in_process(args: argparse.Namespace) -> int:
 
     result = rows(questions=args.questions, depth=args.depth, budget=args.budget)
     if args.json:
-        print(json.dumps({"mode": "in-process", "scenarios": [r.to_dict() for r in result]}, indent=2))
+        print(json.dumps({"mode": "in-process", "scenarios": [r.to_dict() for r in result]},
+                         indent=2))
         return 0
     print(f"askonce demo (in-process): {args.depth} layers, each tries 3 times; "
           f"askonce budget {args.budget}; {args.questions} questions per row")
-    print(f"{'scenario':<10} {'policy':<8} {'arrivals/question mean':>23} {'p99':>5} {'max':>5} {'success':>8}")
+    print(f"{'scenario':<10} {'policy':<8} {'arrivals/question mean':>23} {'p99':>5} {'max':>5}"
+          f" {'success':>8}")
     for r in result:
-        print(f"{r.scenario:<10} {r.policy:<8} {r.mean:>23.3f} {r.p99:>5.0f} {r.max:>5d} {r.success_rate:>8.1%}")
+        print(f"{r.scenario:<10} {r.policy:<8} {r.mean:>23.3f} {r.p99:>5.0f} {r.max:>5d}"
+              f" {r.success_rate:>8.1%}")
     print("\nArrivals are counted at the target per question key. Naive layers multiply "
           f"(3^{args.depth} = {3 ** args.depth}); askonce holds every question to 1 + budget.")
     return 0

@@ -1,9 +1,9 @@
 """The edge: an open-loop load generator in the demo process, asking questions of the gateway.
 
-Questions are launched on a seeded Poisson schedule whatever happens to earlier ones (users do not wait
-for each other), over ``POOLS`` httpx clients: one shared ``AsyncClient`` stalls for seconds under
-hundreds of idle connections, and a stall in the generator must not pass for one in the stack. How
-late each launch was against its schedule is recorded and reported (``launch lag``).
+Questions are launched on a seeded Poisson schedule whatever happens to earlier ones (users do not
+wait for each other), over ``POOLS`` httpx clients: one shared ``AsyncClient`` stalls under
+hundreds of idle connections, and a stall in the generator must not pass for one in the stack.
+How late each launch was against its schedule is recorded and reported (``launch lag``).
 
 Naive and no-retry edges try with the plain loop (``edge_attempts`` tries of ``edge_timeout`` each,
 within the deadline). The askonce edge mints each question (key, budget, deadline) with
@@ -29,7 +29,7 @@ from askonce.demo import naive
 POOLS = 16
 CLIENT_ERROR = 599  # the edge's own request failed in a way no status describes
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-# Plain HTTP on loopback: verify=False only skips loading CA certificates (tens of ms per client).
+# Plain HTTP on loopback: verify=False only skips loading CA certificates (costly per client).
 
 
 @dataclass(slots=True)
@@ -71,7 +71,8 @@ class EdgePlan:
 
 def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
     if plan.policy != "askonce":
-        return [httpx.AsyncClient(limits=LIMITS, trust_env=False, verify=False) for _ in range(POOLS)]
+        return [httpx.AsyncClient(limits=LIMITS, trust_env=False, verify=False)
+                for _ in range(POOLS)]
     from askonce.integrations.httpx import AsyncAskonceTransport
 
     store = plan.store
@@ -85,18 +86,21 @@ def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
                           backoff=Backoff(base=plan.backoff_base, cap=plan.backoff_cap)),
     )  # fmt: skip
     return [httpx.AsyncClient(trust_env=False, transport=AsyncAskonceTransport(
-        httpx.AsyncHTTPTransport(limits=LIMITS, verify=False), policy=policy, store=store)) for _ in range(POOLS)]
+        httpx.AsyncHTTPTransport(limits=LIMITS, verify=False), policy=policy, store=store))
+        for _ in range(POOLS)]
 
 
 async def _ask_naive(client: httpx.AsyncClient, plan: EdgePlan, asked: Asked, rng: random.Random,
                      deadline: float) -> None:
-    asked.status = await naive.get_async(client, plan.url, {"x-question-id": asked.key}, attempts=plan.attempts,
-                                         timeout=plan.timeout, base=plan.backoff_base, cap=plan.backoff_cap,
-                                         rng=rng, deadline=deadline)
+    asked.status = await naive.get_async(client, plan.url, {"x-question-id": asked.key},
+                                         attempts=plan.attempts, timeout=plan.timeout,
+                                         base=plan.backoff_base, cap=plan.backoff_cap, rng=rng,
+                                         deadline=deadline)
 
 
 async def _ask_askonce(client: httpx.AsyncClient, plan: EdgePlan, asked: Asked) -> None:
-    async with askonce.question(budget=plan.budget, deadline=plan.deadline, key=asked.key, origin="edge"):
+    async with askonce.question(budget=plan.budget, deadline=plan.deadline, key=asked.key,
+                                origin="edge"):
         try:
             response = await client.get(plan.url, timeout=plan.timeout)
         except askonce.GaveUp as exc:
@@ -116,11 +120,13 @@ async def _ask_askonce(client: httpx.AsyncClient, plan: EdgePlan, asked: Asked) 
 
 async def run(plan: EdgePlan, start: float, tick: Callable[[int], None] | None = None,
               clients: list[httpx.AsyncClient] | None = None) -> list[Asked]:
-    """Ask every question of the plan, launching each at ``start`` (``loop.time()``) plus its schedule.
+    """Ask every question of the plan, launching each at ``start`` (``loop.time()``) plus its
+    schedule.
 
-    Returns when every question has an outcome, or at ``stop_at``: questions still open are cancelled
-    and left without one (``done`` false). ``tick(n)`` is called with the number of finished questions.
-    ``clients``: from :func:`clients_for`, made before ``start`` (making them takes tens of milliseconds).
+    Returns when every question has an outcome, or at ``stop_at``: questions still open are
+    cancelled and left without one (``done`` false). ``tick(n)`` is called with the number of
+    finished questions. ``clients``: from :func:`clients_for`, made before ``start`` (making them
+    takes time that must not delay the first launches).
     """
     loop = asyncio.get_running_loop()
     clients = clients if clients is not None else clients_for(plan)
@@ -134,7 +140,8 @@ async def run(plan: EdgePlan, start: float, tick: Callable[[int], None] | None =
         a.launched = loop.time() - start
         client = clients[i % POOLS]
         try:
-            async with asyncio.timeout(plan.deadline + 1.0):  # a safety net: each path has its own deadline
+            # A safety net: each path has its own deadline.
+            async with asyncio.timeout(plan.deadline + 1.0):
                 if plan.policy == "askonce":
                     await _ask_askonce(client, plan, a)
                 else:

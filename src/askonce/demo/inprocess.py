@@ -1,8 +1,8 @@
 """The in-process demo: the same three-layer stack, naive and with askonce, counted at the target.
 
-Each layer tries 3 times. The naive stack uses plain retry loops (what tenacity or urllib3 defaults do
-per layer); the askonce stack uses ``@askonce.retry`` with one question minted at the top. The target
-counts arrivals per question key. No sockets here: the multi-service stack on 127.0.0.1 is
+Each layer tries 3 times. The naive stack uses plain retry loops (what tenacity or urllib3 defaults
+do per layer); the askonce stack uses ``@askonce.retry`` with one question minted at the top. The
+target counts arrivals per question key. No sockets here: the multi-service stack on 127.0.0.1 is
 ``askonce.demo.stack``; this one shows the arithmetic in a second.
 """
 
@@ -68,7 +68,8 @@ def _naive_layer(inner: Callable[[], str], attempts: int = 3) -> Callable[[], st
 
 
 def _askonce_layer(inner: Callable[[], str], name: str, attempts: int = 3) -> Callable[[], str]:
-    return askonce.retry(on=ConnectionError, attempts=attempts, layer=name, backoff=NO_WAIT, bucket=None)(inner)
+    return askonce.retry(on=ConnectionError, attempts=attempts, layer=name, backoff=NO_WAIT,
+                         bucket=None)(inner)
 
 
 def _percentile(values: list[int], q: float) -> float:

@@ -1,11 +1,11 @@
 """The gateway and the service: FastAPI under uvicorn, calling the next layer with httpx (async).
 
-``python -m askonce.demo.layer_asgi --name gateway`` (or ``service``). ``GET /q`` calls the next layer's
-``GET /q``: in naive mode through the plain retry loop, forwarding ``x-question-id``; in askonce mode
-through :class:`~askonce.integrations.httpx.AsyncAskonceTransport` under
-:class:`~askonce.integrations.asgi.AskonceASGIMiddleware`. ``POST /_demo/config`` switches the mode
-and settings (and drops every client, bucket and breaker), ``GET /_demo/stats`` tells the requests in
-flight, ``GET /_demo/health`` answers when the process is ready.
+``python -m askonce.demo.layer_asgi --name gateway`` (or ``service``). ``GET /q`` calls the next
+layer's ``GET /q``: in naive mode through the plain retry loop, forwarding ``x-question-id``; in
+askonce mode through :class:`~askonce.integrations.httpx.AsyncAskonceTransport` under
+:class:`~askonce.integrations.asgi.AskonceASGIMiddleware`. ``POST /_demo/config`` switches the
+mode and settings (and drops every client, bucket and breaker), ``GET /_demo/stats`` tells the
+requests in flight, ``GET /_demo/health`` answers when the process is ready.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from askonce.integrations.httpx import AsyncAskonceTransport
 
 POOLS = 16  # one httpx pool stalls under hundreds of idle connections (httpcore's quadratic scan)
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-# Plain HTTP on loopback: verify=False only skips loading CA certificates (tens of ms per client).
+# Plain HTTP on loopback: verify=False only skips loading CA certificates (costly per client).
 
 Scope = MutableMapping[str, Any]
 
@@ -77,18 +77,21 @@ class Layer:
         policy = ClientPolicy(
             layer=self.name,
             retry=RetryPolicy(attempts=settings.attempts,
-                              backoff=Backoff(base=settings.backoff_base, cap=max(settings.backoff_cap,
-                                                                                   settings.backoff_base))),
+                              backoff=Backoff(base=settings.backoff_base,
+                                              cap=max(settings.backoff_cap,
+                                                      settings.backoff_base))),
             attempt_timeout=settings.timeout, deadline_grace=settings.grace,
             breaker=DEMO_BREAKER if settings.breaker else None,
         )  # fmt: skip
         for _ in range(POOLS):
             if settings.mode == "askonce":
                 transport: httpx.AsyncBaseTransport = AsyncAskonceTransport(
-                    httpx.AsyncHTTPTransport(limits=LIMITS, verify=False), policy=policy, store=store)
+                    httpx.AsyncHTTPTransport(limits=LIMITS, verify=False), policy=policy,
+                    store=store)
             else:
                 transport = httpx.AsyncHTTPTransport(limits=LIMITS, verify=False)
-            self.clients.append(httpx.AsyncClient(transport=transport, timeout=settings.timeout, trust_env=False))
+            self.clients.append(httpx.AsyncClient(transport=transport, timeout=settings.timeout,
+                                                  trust_env=False))
         for client in old:
             await client.aclose()
 
@@ -103,16 +106,17 @@ class Layer:
         try:
             if s.mode == "naive":
                 headers = {"x-question-id": request.headers.get("x-question-id", "")}
-                status = await naive.get_async(self.client(), url, headers, attempts=s.attempts, timeout=s.timeout,
-                                               base=s.backoff_base, cap=s.backoff_cap, rng=self.rng)
+                status = await naive.get_async(self.client(), url, headers, attempts=s.attempts,
+                                               timeout=s.timeout, base=s.backoff_base,
+                                               cap=s.backoff_cap, rng=self.rng)
                 return Response(b"ok\n" if status == 200 else b"failed\n", status_code=status)
             try:
                 response = await self.client().get(url)
             except Exception as exc:
                 if reply_of(exc) is None:
                     raise
-                # A give-up the client recorded (askonce.client.last_reply): the middleware passes its
-                # do-not-retry on in the reply to this error answer.
+                # A give-up the client recorded (askonce.client.last_reply): the middleware passes
+                # its do-not-retry on in the reply to this error answer.
                 return Response(b"failed\n", status_code=503)
             if response.status_code >= 500:  # a returned give-up was recorded too (last_reply)
                 return Response(b"failed\n", status_code=response.status_code)
@@ -154,7 +158,8 @@ async def read_body(receive: Any) -> bytes:
 async def send_json(send: Any, status: int, body: object) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
 
 

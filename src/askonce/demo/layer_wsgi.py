@@ -1,7 +1,7 @@
 """The API: Flask under waitress, calling the service with requests (threads, blocking I/O).
 
-``python -m askonce.demo.layer_wsgi``. ``GET /q`` calls the service's ``GET /q``: in naive mode through
-the plain retry loop, forwarding ``x-question-id``; in askonce mode through
+``python -m askonce.demo.layer_wsgi``. ``GET /q`` calls the service's ``GET /q``: in naive mode
+through the plain retry loop, forwarding ``x-question-id``; in askonce mode through
 :class:`~askonce.integrations.requests.AskonceAdapter` under
 :class:`~askonce.integrations.wsgi.AskonceWSGIMiddleware`. Control endpoints as the ASGI layers'.
 """
@@ -71,11 +71,13 @@ class Api:
                 layer=NAME,
                 retry=RetryPolicy(attempts=settings.attempts,
                                   backoff=Backoff(base=settings.backoff_base,
-                                                  cap=max(settings.backoff_cap, settings.backoff_base))),
+                                                  cap=max(settings.backoff_cap,
+                                                          settings.backoff_base))),
                 attempt_timeout=settings.timeout, deadline_grace=settings.grace,
                 breaker=DEMO_BREAKER if settings.breaker else None,
             )  # fmt: skip
-            self.session = askonce_session(policy, store=store, pool_connections=4, pool_maxsize=POOL)
+            self.session = askonce_session(policy, store=store, pool_connections=4,
+                                           pool_maxsize=POOL)
             self.session.trust_env = False
         else:
             self.session = self._plain_session()
@@ -91,16 +93,17 @@ class Api:
         try:
             if s.mode == "naive":
                 headers = {"x-question-id": flask_request.headers.get("x-question-id", "")}
-                status = naive.get_sync(session, url, headers, attempts=s.attempts, timeout=s.timeout,
-                                        base=s.backoff_base, cap=s.backoff_cap, rng=self.rng)
+                status = naive.get_sync(session, url, headers, attempts=s.attempts,
+                                        timeout=s.timeout, base=s.backoff_base, cap=s.backoff_cap,
+                                        rng=self.rng)
                 return (b"ok\n" if status == 200 else b"failed\n"), status
             try:
                 response = session.get(url, timeout=s.timeout)
             except Exception as exc:
                 if reply_of(exc) is None:
                     raise
-                # A give-up the client recorded (askonce.client.last_reply): the middleware passes its
-                # do-not-retry on in the reply to this error answer.
+                # A give-up the client recorded (askonce.client.last_reply): the middleware passes
+                # its do-not-retry on in the reply to this error answer.
                 return b"failed\n", 503
             response.close()
             if response.status_code >= 500:  # a returned give-up was recorded too (last_reply)
@@ -118,12 +121,14 @@ class Api:
             return self.askonce_app(environ, start_response)
         return self.flask.wsgi_app(environ, start_response)
 
-    def control(self, path: str, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+    def control(self, path: str, environ: Environ,
+                start_response: StartResponse) -> Iterable[bytes]:
         status, body = "200 OK", {"ok": True}  # type: tuple[str, dict[str, Any]]
         if path == "/_demo/config":
             try:
                 length = int(environ.get("CONTENT_LENGTH") or 0)
-                self.configure(from_json(LayerSettings, json.loads(environ["wsgi.input"].read(length))))
+                self.configure(from_json(LayerSettings,
+                                         json.loads(environ["wsgi.input"].read(length))))
             except (ValueError, TypeError) as exc:
                 status, body = "400 Bad Request", {"error": str(exc)}
         elif path == "/_demo/stats":
@@ -131,7 +136,8 @@ class Api:
         elif path != "/_demo/health":
             status, body = "404 Not Found", {"error": "no such control"}
         data = json.dumps(body).encode()
-        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        start_response(status, [("Content-Type", "application/json"),
+                                ("Content-Length", str(len(data)))])
         return [data]
 
 

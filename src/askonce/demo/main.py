@@ -1,9 +1,9 @@
 """``askonce demo``: start the stack, run the scenarios, print the table, write the report.
 
-The overload scenario runs on a second stack beside the others: its three runs alone take about 55 s
-(15 s quick), and its light load (64 questions/s against workers that sleep) leaves the CPU to the
-other lane, so the whole demo fits in 90 s. Each lane runs its scenarios in turn. Every process is
-stopped at the end, on an error, on Ctrl-C and on SIGTERM.
+The overload scenario runs on a second stack beside the others: its three runs alone take about as
+long as all the others, and its light load (64 questions/s against workers that sleep) leaves the
+CPU to the other lane, so running the two side by side shortens the demo. Each lane runs its
+scenarios in turn. Every process is stopped at the end, on an error, on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from typing import Any
 
 from askonce.demo.params import DEMO_BUDGET, POLICIES, SCENARIOS, Scenario, scenarios
 
-NEEDED = ("fastapi", "starlette", "uvicorn", "flask", "waitress", "httpx", "requests", "rich", "matplotlib")
-RUN_ORDER = ("no-retry", "askonce", "naive")  # overload: the naive collapse last, so no run inherits it
+NEEDED = ("fastapi", "starlette", "uvicorn", "flask", "waitress", "httpx", "requests", "rich",
+          "matplotlib")
+# Overload: the naive collapse last, so no run inherits it.
+RUN_ORDER = ("no-retry", "askonce", "naive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,8 @@ def check_redis(url: str) -> str | None:
 
 
 def lanes(chosen: dict[str, Scenario]) -> list[list[tuple[Scenario, str]]]:
-    """The runs of each stack, in order. Naive before askonce; overload: no-retry, askonce, naive."""
+    """The runs of each stack, in order. Naive before askonce; overload: no-retry, askonce,
+    naive."""
     def runs(s: Scenario) -> list[tuple[Scenario, str]]:
         order = RUN_ORDER if s.name == "overload" else POLICIES
         return [(s, p) for p in order if p in s.policies]
@@ -93,7 +96,8 @@ def run_demo(opts: Options) -> int:
             return 2
     out = opts.out or Path(f"askonce-report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     console = err if opts.json else Console(width=width)
-    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace).items() if n in opts.scenarios}
+    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace).items()
+              if n in opts.scenarios}
     plan = lanes(chosen)
     started = time.monotonic()
     from askonce.demo import measure, report
@@ -102,7 +106,8 @@ def run_demo(opts: Options) -> int:
     pids: list[int] = []
     try:
         with contextlib.ExitStack() as stacks:
-            group = [stacks.enter_context(Stack(out / "logs" / f"stack{i + 1}")) for i in range(len(plan))]
+            group = [stacks.enter_context(Stack(out / "logs" / f"stack{i + 1}"))
+                     for i in range(len(plan))]
             console.print(f"askonce demo: starting {4 * len(group)} processes on 127.0.0.1 "
                           f"(report: {out}/index.html)")
             for stack in group:
@@ -118,7 +123,8 @@ def run_demo(opts: Options) -> int:
     rows = [r.row for r in runs]
     goals = measure.goals(rows)
     meta = _meta(opts, out, pids, time.monotonic() - started, runs, len(plan))
-    meta["parameters"] = {name: dataclasses.asdict(s) for name, s in chosen.items()}  # for a simulator to replay
+    # For a simulator to replay.
+    meta["parameters"] = {name: dataclasses.asdict(s) for name, s in chosen.items()}
     doc = report.document(runs, goals, meta)
     page = report.write(out, runs, doc, chosen)
     if opts.json:
@@ -131,12 +137,18 @@ def run_demo(opts: Options) -> int:
 
 async def _run_lanes(group: list[Any], plan: list[list[tuple[Scenario, str]]], opts: Options,
                      console: Any) -> list[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from askonce.demo.runner import Runner
 
-    with Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
         tasks: dict[str, Any] = {}
 
         def tick(label: str, done: int, total: int) -> None:
@@ -151,11 +163,13 @@ async def _run_lanes(group: list[Any], plan: list[list[tuple[Scenario, str]]], o
                 out.append(await runner.run(scenario, policy, settle=i < len(runs) - 1))
             return out
 
-        results = await asyncio.gather(*(lane(s, r) for s, r in zip(group, plan, strict=True)))
+        results = await asyncio.gather(*(lane(s, r)
+                                         for s, r in zip(group, plan, strict=True)))
     return [run for lane_runs in results for run in lane_runs]
 
 
-def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[Any], stacks: int) -> dict[str, Any]:
+def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[Any],
+          stacks: int) -> dict[str, Any]:
     notes = []
     if stacks > 1:
         notes.append("the overload scenario ran on a second stack beside the others (shared CPU)")
@@ -164,18 +178,23 @@ def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[
         label = f"{r['scenario']} {r['policy']}"
         lag = r["launch_lag_ms"]["max"]
         if lag is not None and lag > 100:
-            notes.append(f"{label}: the load generator launched a question up to {lag:.0f} ms late")
+            notes.append(f"{label}: the load generator launched a question up to {lag:.0f} ms "
+                         "late")
         if not r.get("settled", True):
             notes.append(f"{label}: the stack did not settle after the run and was restarted")
         errors = r["statuses"].get("500", 0)
         if errors:
-            notes.append(f"{label}: {errors} questions ended in an internal error (HTTP 500): see {out}/logs")
-        if r["unanswered"] and r["scenario"] != "overload":  # overload runs stop at their horizon by design
-            notes.append(f"{label}: {r['unanswered']} questions were still open at the end of the run")
+            notes.append(f"{label}: {errors} questions ended in an internal error (HTTP 500): "
+                         f"see {out}/logs")
+        # Overload runs stop at their horizon by design.
+        if r["unanswered"] and r["scenario"] != "overload":
+            notes.append(f"{label}: {r['unanswered']} questions were still open at the end of "
+                         "the run")
     return {
         "command": opts.command,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}",
+        "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+                   f"{platform.system()}",
         "quick": opts.quick, "seed": opts.seed, "budget": opts.budget, "grace": opts.grace,
         "redis": opts.redis is not None,
         "elapsed_s": round(elapsed, 1), "report_dir": str(out), "pids": pids, "notes": notes,

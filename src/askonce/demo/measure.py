@@ -6,9 +6,10 @@
 * goodput: successful answers per second, by the second in which they came back;
 * target work: seconds workers were held; wasted: work that answered no question in time (orphaned
   retries, work for callers who had given up, work cut short);
-* recovery (overload): seconds after the trigger ends until goodput over a ``window`` is back to 90 % of
-  goodput before the trigger. Goodput in a window is taken relative to the questions asked in that
-  window, so that the randomness of the Poisson load does not decide it; ``None``: not within the run.
+* recovery (overload): seconds after the trigger ends until goodput over a ``window`` is back to
+  90 % of goodput before the trigger. Goodput in a window is taken relative to the questions asked
+  in that window, so that the randomness of the Poisson load does not decide it; ``None``: not
+  within the run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ STEP = 0.5  # seconds between candidate recovery times
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in (0, 1]), as the ledger reports it; ``None`` for no values."""
+    """Nearest-rank percentile (``q`` in (0, 1]), as the ledger reports it; ``None`` for no
+    values."""
     if not 0 < q <= 1:
         raise ValueError(f"q must be within (0, 1], got {q!r}")
     if not values:
@@ -41,12 +43,15 @@ def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float) -> 
     return ok / n if n else None
 
 
-def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[float, float], trigger_end: float,
-                  horizon: float, window: float, step: float = STEP) -> float | None:
-    """Seconds after ``trigger_end`` until the goodput over ``window`` seconds is back to 90 % of before.
+def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[float, float],
+                  trigger_end: float, horizon: float, window: float,
+                  step: float = STEP) -> float | None:
+    """Seconds after ``trigger_end`` until the goodput over ``window`` seconds is back to 90 % of
+    before.
 
-    ``baseline``: the seconds whose goodput counts as "before"; ``horizon``: the end of the run. Candidate
-    times go in ``step`` s; the first whose window (ending by the horizon) reaches 90 % is the answer.
+    ``baseline``: the seconds whose goodput counts as "before"; ``horizon``: the end of the run.
+    Candidate times go in ``step`` s; the first whose window (ending by the horizon) reaches 90 % is
+    the answer.
     """
     before = _rate(asked, deadline, *baseline)
     if before is None or before == 0:
@@ -60,8 +65,10 @@ def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[fl
     return None
 
 
-def goodput_series(asked: Sequence[Asked], deadline: float, horizon: float, step: float = 1.0) -> list[int]:
-    """Successful answers per ``step`` seconds, by the time they came back, from 0 to the horizon."""
+def goodput_series(asked: Sequence[Asked], deadline: float, horizon: float,
+                   step: float = 1.0) -> list[int]:
+    """Successful answers per ``step`` seconds, by the time they came back, from 0 to the
+    horizon."""
     bins = [0] * max(1, math.ceil(horizon / step))
     for a in asked:
         if a.done and a.ok(deadline) and 0 <= a.ended < horizon:
@@ -71,8 +78,8 @@ def goodput_series(asked: Sequence[Asked], deadline: float, horizon: float, step
 
 def wasted_work(asked: Sequence[Asked], work: Sequence[Sequence[Any]], deadline: float,
                 tolerance: float = 0.05) -> float:
-    """Seconds of target work that answered no question: everything but, for each question answered in
-    time, the last piece of its work that ended before the answer reached the edge.
+    """Seconds of target work that answered no question: everything but, for each question
+    answered in time, the last piece of its work that ended before the answer reached the edge.
 
     ``work``: ``(question id, end, seconds)`` as the target logged it (times from the run's start;
     ``tolerance`` absorbs the few milliseconds between the target's and the edge's clocks).
@@ -87,29 +94,33 @@ def wasted_work(asked: Sequence[Asked], work: Sequence[Sequence[Any]], deadline:
 
 
 def breaker_opened(asked: Sequence[Asked]) -> float | None:
-    """When the edge first heard that a breaker below it was open (seconds into the run), if it did."""
+    """When the edge first heard that a breaker below it was open (seconds into the run), if it
+    did."""
     times = [a.ended for a in asked if a.done and a.reason == "breaker-open"]
     return min(times) if times else None
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
-    """Mean, nearest-rank p99, max, and the standard error of the mean (``se``, None below 2 values)."""
+    """Mean, nearest-rank p99, max, and the standard error of the mean (``se``, None below 2
+    values)."""
     n = len(values)
     mean = sum(values) / n if values else None
     se = None
     if mean is not None and n > 1:
         se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-    return {"mean": mean, "p99": percentile(values, 0.99), "max": max(values) if values else None, "se": se}
+    return {"mean": mean, "p99": percentile(values, 0.99), "max": max(values) if values else None,
+            "se": se}
 
 
-def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[str, int], deadline: float,
-              target: dict[str, Any]) -> dict[str, Any]:
+def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[str, int],
+              deadline: float, target: dict[str, Any]) -> dict[str, Any]:
     """One row of the report (the ``--json`` schema plus extra keys) for one scenario and policy."""
     arrivals = [per_key.get(a.key, 0) for a in asked]
     ok = sum(1 for a in asked if a.ok(deadline))
     latencies = [1000.0 * (a.ended - a.launched) for a in asked if a.done]
     opened = breaker_opened(asked)
-    after = [n for a, n in zip(asked, arrivals, strict=True) if opened is not None and a.launched >= opened]
+    after = [n for a, n in zip(asked, arrivals, strict=True)
+             if opened is not None and a.launched >= opened]
     lags = [1000.0 * max(0.0, a.launched - a.scheduled) for a in asked if a.launched >= 0]
     ledger = target.get("ledger")
     counted = sum(arrivals)
@@ -127,7 +138,8 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
         "target_work_s": target.get("work_s"),
         "wasted_work_s": wasted_work(asked, target.get("work", []), deadline),
         "unanswered": sum(1 for a in asked if not a.done),
-        "statuses": {str(k): v for k, v in sorted(Counter(a.status for a in asked if a.done).items())},
+        "statuses": {str(k): v
+                     for k, v in sorted(Counter(a.status for a in asked if a.done).items())},
         "reasons": dict(Counter(a.reason for a in asked if a.done and a.reason is not None)),
         "breaker_opened_s": opened,
         "arrivals_per_question_after_open": _stats(after) if opened is not None else None,
@@ -138,7 +150,8 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
 
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's goals, checked against the rows that were run: ``{"goal", "met", "measured"}``."""
+    """The issue's goals, checked against the rows that were run: ``{"goal", "met",
+    "measured"}``."""
     by = {(r["scenario"], r["policy"]): r for r in rows}
     out: list[dict[str, Any]] = []
 
@@ -155,8 +168,9 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}")
     if ask is not None:
         a = ask["arrivals_per_question"]
-        # The issue's figure is 3 whatever the budget: with budget 3 it is the breaker at the layer nearest
-        # the target (it opens on the third failure in a row) that stops the fourth try, not the budget.
+        # The issue's figure is 3 whatever the budget: with budget 3 it is the breaker at the layer
+        # nearest the target (it opens on the third failure in a row) that stops the fourth try,
+        # not the budget.
         bound = 1 + ask.get("budget", 2)
         add("outage: askonce at most 3 arrivals for every question",
             a["max"] is not None and a["max"] <= min(3, bound),
@@ -165,14 +179,16 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         mean_after = None if after is None else after["mean"]
         add("outage: askonce under 1.1 per question once the breaker is open",
             mean_after is not None and mean_after < 1.1,
-            "the breaker never opened" if after is None else f"mean after it opened {fmt(mean_after)}")
+            "the breaker never opened" if after is None
+            else f"mean after it opened {fmt(mean_after)}")
     ask = by.get(("transient", "askonce"))
     if ask is not None:
         rate, mean = ask["success_rate"], ask["arrivals_per_question"]["mean"]
         tries = 1 + ask.get("budget", 2)
         add("transient 10%: askonce success >= 99.9% at <= 1.12 arrivals per question",
             rate is not None and mean is not None and rate >= 0.999 and mean <= 1.12,
-            f"success {fmt(100 * rate if rate is not None else None, '.2f')}% of {ask['questions']}, "
+            f"success {fmt(100 * rate if rate is not None else None, '.2f')}% "
+            f"of {ask['questions']}, "
             f"mean {fmt(mean)} ± {fmt(ask['arrivals_per_question'].get('se'), '.3f')} "
             f"(expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
             f"{sum(0.1**i for i in range(tries)):.3f})"
@@ -184,7 +200,8 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if row is None:
             return "not run"
         s = row["recovery_s"]
-        return f"not within {fmt(row.get('horizon_s'), 'g')} s of the cut's end" if s is None else f"{s:g} s"
+        return (f"not within {fmt(row.get('horizon_s'), 'g')} s of the cut's end" if s is None
+                else f"{s:g} s")
 
     if naive is not None:
         add("overload: naive does not recover within the horizon", naive["recovery_s"] is None,

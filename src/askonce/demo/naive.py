@@ -1,9 +1,10 @@
 """The naive stack's retries: the plain loop every layer writes (or gets from tenacity), no askonce.
 
 Each layer tries up to ``attempts`` times, sleeping a full-jitter exponential backoff between tries
-(tenacity's ``wait_random_exponential``), and retries connection errors, timeouts and 502/503/504. It
-knows nothing of its callers: it keeps trying after they have given up, and it answers its own caller
-with the last status (a timeout becomes 504, a connection error 502), which the caller retries in turn.
+(tenacity's ``wait_random_exponential``), and retries connection errors, timeouts and 502/503/504.
+It knows nothing of its callers: it keeps trying after they have given up, and it answers its own
+caller with the last status (a timeout becomes 504, a connection error 502), which the caller
+retries in turn.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ UNREACHABLE = 502
 
 
 def backoff(retry: int, base: float, cap: float, rng: random.Random) -> float:
-    """Seconds before retry number ``retry`` (1 for the first): uniform in [0, min(cap, base * 2^(retry-1)))."""
+    """Seconds before retry number ``retry`` (1 for the first): uniform in
+    [0, min(cap, base * 2^(retry-1)))."""
     return rng.uniform(0.0, min(cap, base * 2 ** (retry - 1)))
 
 
-async def get_async(client: Any, url: str, headers: dict[str, str], *, attempts: int, timeout: float,
-                    base: float, cap: float, rng: random.Random, deadline: float | None = None) -> int:
+async def get_async(client: Any, url: str, headers: dict[str, str], *, attempts: int,
+                    timeout: float, base: float, cap: float, rng: random.Random,
+                    deadline: float | None = None) -> int:
     """GET ``url`` with an ``httpx.AsyncClient`` the naive way; the final status.
 
     ``deadline``: a ``loop.time()`` after which no attempt starts and none runs (tenacity's

@@ -21,19 +21,21 @@ Mode = Literal["naive", "askonce"]
 POLICIES = ("no-retry", "naive", "askonce")
 SCENARIOS = ("outage", "transient", "slow", "overload")
 FAILURES = ("none", "outage", "transient", "slow")
-DEFAULT_TIMEOUT = 5.0  # httpx's own default: the middle layers' per-attempt timeout unless a scenario says otherwise
+# httpx's own default: the middle layers' per-attempt timeout unless a scenario says otherwise.
+DEFAULT_TIMEOUT = 5.0
 
-# The layer nearest the target opens on a run of failures: 90 % of its last 20 calls (3 at least), so a
-# dead target is cut off at the third failure in a row, while at 10 % independent failures it opens only
-# when 3 of the first 3 calls fail (p = 0.001) or 18 of 20 do. It probes after 1 s. Together with the
-# demo's budget of 3 this keeps an outage to at most 3 arrivals per question (the breaker stops the
-# fourth try) while a question that drew three transient failures still gets its fourth (docs/demo.md).
-DEMO_BREAKER = BreakerPolicy(window="count", window_size=20, minimum_calls=3, failure_rate=0.9, open_for=1.0,
-                             half_open_probes=1)
+# The layer nearest the target opens on a run of failures: 90 % of its last 20 calls (3 at least),
+# so a dead target is cut off at the third failure in a row, while at 10 % independent failures it
+# opens only when 3 of the first 3 calls fail (p = 0.001) or 18 of 20 do. It probes after 1 s.
+# Together with the demo's budget of 3 this keeps an outage to at most 3 arrivals per question (the
+# breaker stops the fourth try) while a question that drew three transient failures still gets its
+# fourth (docs/demo.md).
+DEMO_BREAKER = BreakerPolicy(window="count", window_size=20, minimum_calls=3, failure_rate=0.9,
+                             open_for=1.0, half_open_probes=1)
 DEMO_BUDGET = 3
-# ClientPolicy.deadline_grace of every askonce client in the demo (--grace): off, as in the library.
-# With 0.1 the slow scenario answers everything at fewer arrivals than naive, but timed-out tries in the
-# overload become retries and slow its recovery (docs/demo.md).
+# ClientPolicy.deadline_grace of every askonce client in the demo (--grace): off, as in the
+# library. A grace turns timed-out tries in the overload into retries, which slows its recovery
+# (docs/demo.md).
 DEMO_GRACE = 0.0
 
 S = TypeVar("S")
@@ -64,11 +66,11 @@ def from_json(cls: type[S], data: object) -> S:
 class LayerSettings:
     """One middle layer (gateway, api, service) for one run.
 
-    ``naive``: a plain loop of ``attempts`` tries with full-jitter exponential backoff (``backoff_base``
-    doubling, capped at ``backoff_cap``), retrying connection errors, timeouts and 502/503/504, each try
-    limited to ``timeout`` seconds, forwarding only ``x-question-id``. ``askonce``: the askonce client
-    (same attempts, backoff and per-attempt timeout) under the askonce server middleware; ``breaker``
-    puts a circuit breaker on the calls to the next layer.
+    ``naive``: a plain loop of ``attempts`` tries with full-jitter exponential backoff
+    (``backoff_base`` doubling, capped at ``backoff_cap``), retrying connection errors, timeouts and
+    502/503/504, each try limited to ``timeout`` seconds, forwarding only ``x-question-id``.
+    ``askonce``: the askonce client (same attempts, backoff and per-attempt timeout) under the
+    askonce server middleware; ``breaker`` puts a circuit breaker on the calls to the next layer.
     """
 
     mode: Mode = "naive"
@@ -86,14 +88,17 @@ class LayerSettings:
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
         _check(isinstance(self.downstream, str), "downstream must be a URL", self.downstream)
-        _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10", self.grace)
-        _check(type(self.attempts) is int and 1 <= self.attempts <= 10, "attempts must be within 1..10",
-               self.attempts)
+        _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10",
+               self.grace)
+        _check(type(self.attempts) is int and 1 <= self.attempts <= 10,
+               "attempts must be within 1..10", self.attempts)
         for name in ("timeout", "backoff_base", "backoff_cap"):
             value = getattr(self, name)
-            _check(_number(value) and 0 <= value <= 60, f"{name} must be seconds within 0..60", value)
+            _check(_number(value) and 0 <= value <= 60, f"{name} must be seconds within 0..60",
+                   value)
         _check(self.timeout > 0, "timeout must be positive", self.timeout)
-        _check(self.redis is None or isinstance(self.redis, str), "redis must be a URL or null", self.redis)
+        _check(self.redis is None or isinstance(self.redis, str), "redis must be a URL or null",
+               self.redis)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,14 +106,15 @@ class LayerSettings:
 
 @dataclass(frozen=True, slots=True)
 class TargetSettings:
-    """The target for one run: ``slots`` workers of ``service_time`` seconds each behind a FIFO queue.
+    """The target for one run: ``slots`` workers of ``service_time`` seconds each behind a FIFO
+    queue.
 
-    ``failure``: ``outage`` answers 503 to every arrival at once; ``transient`` answers 503 at once to a
-    share ``rate`` of arrivals; ``slow`` makes a share ``slow_share`` of arrivals take ``slow_time``
-    instead of ``service_time``. Which arrivals fail or are slow is a hash of the seed, the question id
-    and the arrival's number for that id: independent draws, the same for every policy. ``capacity``:
-    ``(start, end, factor)`` in seconds after ``t0`` (wall clock): between them the service time is
-    divided by ``factor``.
+    ``failure``: ``outage`` answers 503 to every arrival at once; ``transient`` answers 503 at once
+    to a share ``rate`` of arrivals; ``slow`` makes a share ``slow_share`` of arrivals take
+    ``slow_time`` instead of ``service_time``. Which arrivals fail or are slow is a hash of the
+    seed, the question id and the arrival's number for that id: independent draws, the same for
+    every policy. ``capacity``: ``(start, end, factor)`` in seconds after ``t0`` (wall clock):
+    between them the service time is divided by ``factor``.
     """
 
     mode: Mode = "naive"
@@ -126,14 +132,16 @@ class TargetSettings:
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
-        _check(type(self.slots) is int and 1 <= self.slots <= 1000, "slots must be within 1..1000", self.slots)
+        _check(type(self.slots) is int and 1 <= self.slots <= 1000, "slots must be within 1..1000",
+               self.slots)
         _check(self.failure in FAILURES, f"failure must be one of {FAILURES}", self.failure)
         for name in ("rate", "slow_share"):
             value = getattr(self, name)
             _check(_number(value) and 0 <= value <= 1, f"{name} must be within 0..1", value)
         for name in ("service_time", "slow_time"):
             value = getattr(self, name)
-            _check(_number(value) and 0 <= value <= 60, f"{name} must be seconds within 0..60", value)
+            _check(_number(value) and 0 <= value <= 60, f"{name} must be seconds within 0..60",
+                   value)
         _check(isinstance(self.capacity, tuple) and all(
             len(c) == 3 and all(_number(x) for x in c) and c[2] > 0 for c in self.capacity),
             "capacity must be (start, end, factor > 0) triples", self.capacity)
@@ -152,7 +160,8 @@ def capacity_factor(capacity: tuple[tuple[float, float, float], ...], t: float) 
 
 
 def draw(seed: int, what: str, key: str, n: int) -> float:
-    """A uniform draw in [0, 1) that depends only on its inputs (the target's failure and slowness)."""
+    """A uniform draw in [0, 1) that depends only on its inputs (the target's failure and
+    slowness)."""
     digest = hashlib.blake2b(f"{seed}|{what}|{key}|{n}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -171,7 +180,8 @@ def poisson_schedule(rate: float, duration: float, seed: int) -> list[float]:
 
 
 def question_keys(n: int, seed: int, scenario: str) -> list[str]:
-    """Question keys in the askonce format, the same for every policy of a scenario (paired runs)."""
+    """Question keys in the askonce format, the same for every policy of a scenario (paired
+    runs)."""
     rng = random.Random(f"{seed}:{scenario}")
     return [mint_key(1_700_000_000_000 + i, rng.randbytes(16)) for i in range(n)]
 
@@ -193,10 +203,10 @@ class Trigger:
 class Scenario:
     """One scenario: the load, what the target does, and how the edge and the layers try.
 
-    ``rate`` questions per second (Poisson) for ``duration`` seconds. The edge asks with ``deadline``
-    seconds in all; ``edge_attempts`` tries of at most ``edge_timeout`` each (a naive edge retries the
-    way the layers do). ``layer_timeout``: each middle layer's per-attempt timeout. ``window``: the
-    goodput window of the recovery time (overload).
+    ``rate`` questions per second (Poisson) for ``duration`` seconds. The edge asks with
+    ``deadline`` seconds in all; ``edge_attempts`` tries of at most ``edge_timeout`` each (a naive
+    edge retries the way the layers do). ``layer_timeout``: each middle layer's per-attempt timeout.
+    ``window``: the goodput window of the recovery time (overload).
     """
 
     name: str
@@ -227,18 +237,21 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
     before, cut, after = (0.8, 2.0, 1.5) if q else (1.5, 10.0, 5.5)
     out = {
         "outage": Scenario(
-            "outage", rate=20.0, duration=0.8 if q else 1.5, target=TargetSettings(failure="outage", seed=seed),
+            "outage", rate=20.0, duration=0.8 if q else 1.5,
+            target=TargetSettings(failure="outage", seed=seed),
             note="the target answers 503 to every call"),
         "transient": Scenario(
-            # About 3,000 questions: the mean arrivals per question then has a standard error of ~0.006, so
-            # the 1.111 expected at 10 % sits clear of the 1.12 goal (500 questions: 0.015, a coin toss).
+            # About 3,000 questions: the mean arrivals per question then has a standard error of
+            # ~0.006, so the 1.111 expected at 10 % sits clear of the 1.12 goal (500 questions:
+            # 0.015, a coin toss).
             "transient", rate=150.0, duration=1.2 if q else 20.0,
-            target=TargetSettings(failure="transient", rate=0.1, service_time=0.01, slots=64, seed=seed),
+            target=TargetSettings(failure="transient", rate=0.1, service_time=0.01, slots=64,
+                                  seed=seed),
             note="10% of arrivals fail at once (independent seeded draws)"),
         "slow": Scenario(
             "slow", rate=40.0, duration=1.0 if q else 2.0, layer_timeout=1.0,
-            target=TargetSettings(failure="slow", slow_share=0.1, slow_time=2.0, service_time=0.02, slots=64,
-                                  seed=seed),
+            target=TargetSettings(failure="slow", slow_share=0.1, slow_time=2.0,
+                                  service_time=0.02, slots=64, seed=seed),
             note="10% of arrivals take 2 s; every layer's per-attempt timeout is 1 s"),
         "overload": Scenario(
             "overload", rate=64.0, duration=before + cut + after,

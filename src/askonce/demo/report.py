@@ -1,4 +1,4 @@
-"""The demo's outputs: the comparison table (rich), the JSON document, and the HTML report with plots.
+"""The demo's outputs: the comparison table (rich), the JSON document, the HTML report with plots.
 
 The report folder holds ``index.html``, ``results.json`` (what ``--json`` prints), the plots as PNG
 (matplotlib, Agg backend: no display needed) and the processes' logs.
@@ -20,10 +20,12 @@ COLOURS = {"no-retry": "#7f7f7f", "naive": "#d62728", "askonce": "#2ca02c"}
 
 def ordered(runs: Sequence[Run]) -> list[Run]:
     """Scenario order, then no-retry, naive, askonce (whatever order they ran in)."""
-    return sorted(runs, key=lambda r: (SCENARIOS.index(r.row["scenario"]), POLICIES.index(r.row["policy"])))
+    return sorted(runs, key=lambda r: (SCENARIOS.index(r.row["scenario"]),
+                                       POLICIES.index(r.row["policy"])))
 
 
-def document(runs: Sequence[Run], goals: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+def document(runs: Sequence[Run], goals: list[dict[str, Any]],
+             meta: dict[str, Any]) -> dict[str, Any]:
     """The ``--json`` document: ``{"scenarios": [rows...], "goals": [...], ...}``."""
     return {"scenarios": [r.row for r in ordered(runs)], "goals": goals, **meta}
 
@@ -41,29 +43,33 @@ def table_rows(runs: Sequence[Run]) -> list[list[str]]:
         recovery = "-" if r["scenario"] != "overload" else (
             "never" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}")
         out.append([
-            r["scenario"], r["policy"], str(r["questions"]), _num(a["mean"], ".3f"), _num(a["p99"], ".0f"),
-            _num(a["max"], ".0f"), "-" if cov is None else f"{cov:.0%}",
+            r["scenario"], r["policy"], str(r["questions"]), _num(a["mean"], ".3f"),
+            _num(a["p99"], ".0f"), _num(a["max"], ".0f"), "-" if cov is None else f"{cov:.0%}",
             "-" if rate is None else f"{100 * rate:.1f}%", _num(r["latency_ms"]["p50"], ".0f"),
             _num(r["latency_ms"]["p99"], ".0f"),
-            f"{_num(r.get('target_work_s'), '.1f')} ({_num(r.get('wasted_work_s'), '.1f')})", recovery,
+            f"{_num(r.get('target_work_s'), '.1f')} ({_num(r.get('wasted_work_s'), '.1f')})",
+            recovery,
         ])  # fmt: skip
     return out
 
 
-HEADERS = ["scenario", "policy", "questions", "arrivals/q", "p99", "max", "coverage", "success", "p50 ms",
-           "p99 ms", "work s (wasted)", "recovery s"]
+HEADERS = ["scenario", "policy", "questions", "arrivals/q", "p99", "max", "coverage", "success",
+           "p50 ms", "p99 ms", "work s (wasted)", "recovery s"]
 
 
-def print_table(console: Any, runs: Sequence[Run], goals: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def print_table(console: Any, runs: Sequence[Run], goals: list[dict[str, Any]],
+                meta: dict[str, Any]) -> None:
     """The table (in two parts on a terminal narrower than it), then the goals and the notes."""
     from rich import box
     from rich.table import Table
 
     rows = table_rows(runs)
     wide = console.width >= 132
-    parts = [list(range(len(HEADERS)))] if wide else [list(range(8)), [0, 1, *range(8, len(HEADERS))]]
+    parts = ([list(range(len(HEADERS)))] if wide
+             else [list(range(8)), [0, 1, *range(8, len(HEADERS))]])
     for n, columns in enumerate(parts):
-        title = ("askonce demo: arrivals per question at the target (mean, p99, max over all questions)" if n == 0
+        title = ("askonce demo: arrivals per question at the target "
+                 "(mean, p99, max over all questions)" if n == 0
                  else "latency, the target's work, recovery")
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
         for i in columns:
@@ -99,7 +105,8 @@ def _plots(out: Path, runs: Sequence[Run], scenarios: dict[str, Scenario]) -> li
         for run in (r for r in runs if r.row["scenario"] == name):
             xs = [t for t, _ in run.timeline]
             ys = [n for _, n in run.timeline]
-            ax.plot(xs, ys, label=run.row["policy"], color=COLOURS[run.row["policy"]], drawstyle="steps-post")
+            ax.plot(xs, ys, label=run.row["policy"], color=COLOURS[run.row["policy"]],
+                    drawstyle="steps-post")
         trigger = scenarios[name].trigger
         if trigger is not None:
             ax.axvspan(trigger.start, trigger.end, color="#ffdd88", alpha=0.4, label="capacity cut")
@@ -117,7 +124,8 @@ def _plots(out: Path, runs: Sequence[Run], scenarios: dict[str, Scenario]) -> li
     for i, policy in enumerate(POLICIES):
         xs, means, p99s = [], [], []
         for j, name in enumerate(names):
-            row = next((r.row for r in runs if r.row["scenario"] == name and r.row["policy"] == policy), None)
+            row = next((r.row for r in runs
+                        if r.row["scenario"] == name and r.row["policy"] == policy), None)
             if row is not None and row["arrivals_per_question"]["mean"] is not None:
                 xs.append(j + (i - 1) * width)
                 means.append(row["arrivals_per_question"]["mean"])
@@ -133,7 +141,8 @@ def _plots(out: Path, runs: Sequence[Run], scenarios: dict[str, Scenario]) -> li
     fig.tight_layout()
     fig.savefig(out / "amplification.png", dpi=100)
     plt.close(fig)
-    made.append(("amplification.png", "Arrivals per question at the target, per scenario and policy."))
+    made.append(("amplification.png",
+                 "Arrivals per question at the target, per scenario and policy."))
 
     overload = [r for r in runs if r.row["scenario"] == "overload" and r.goodput]
     if overload:
@@ -143,7 +152,8 @@ def _plots(out: Path, runs: Sequence[Run], scenarios: dict[str, Scenario]) -> li
                     color=COLOURS[run.row["policy"]], drawstyle="steps-post")
         trigger = scenarios["overload"].trigger
         if trigger is not None:
-            ax.axvspan(trigger.start, trigger.end, color="#ffdd88", alpha=0.4, label="capacity cut to 20%")
+            ax.axvspan(trigger.start, trigger.end, color="#ffdd88", alpha=0.4,
+                       label="capacity cut to 20%")
         ax.set_xlabel("seconds into the run")
         ax.set_ylabel("answered within the deadline / s")
         ax.set_title("Overload: goodput per second", fontsize=10)
@@ -151,37 +161,48 @@ def _plots(out: Path, runs: Sequence[Run], scenarios: dict[str, Scenario]) -> li
         fig.tight_layout()
         fig.savefig(out / "goodput.png", dpi=100)
         plt.close(fig)
-        made.append(("goodput.png", "Overload: questions answered within their deadline, per second."))
+        made.append(("goodput.png",
+                     "Overload: questions answered within their deadline, per second."))
     return made
 
 
-def write(out: Path, runs: Sequence[Run], doc: dict[str, Any], scenarios: dict[str, Scenario]) -> Path:
-    """Write ``results.json``, the plots and ``index.html`` into ``out``; the path of the HTML page."""
+def write(out: Path, runs: Sequence[Run], doc: dict[str, Any],
+          scenarios: dict[str, Scenario]) -> Path:
+    """Write ``results.json``, the plots and ``index.html`` into ``out``; the path of the HTML
+    page."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     plots = _plots(out, runs, scenarios)
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in table_rows(runs))
-    goals = "".join(f"<li class={'met' if g['met'] else 'unmet'}>{'met' if g['met'] else 'NOT met'}: "
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                   for row in table_rows(runs))
+    goals = "".join(f"<li class={'met' if g['met'] else 'unmet'}>"
+                    f"{'met' if g['met'] else 'NOT met'}: "
                     f"{e(g['goal'])} &mdash; {e(g['measured'])}</li>" for g in doc["goals"])
     notes = "".join(f"<li>{e(n)}</li>" for n in doc.get("notes", []))
     grace = f"; its clients' deadline_grace is {doc['grace']:g} s" if doc.get("grace") else ""
-    params = "".join(f"<li><b>{e(s.name)}</b>: {e(s.note)}; {s.rate:g} questions/s for {s.duration:g} s</li>"
+    params = "".join(f"<li><b>{e(s.name)}</b>: {e(s.note)}; "
+                     f"{s.rate:g} questions/s for {s.duration:g} s</li>"
                      for s in scenarios.values() if any(r.row["scenario"] == s.name for r in runs))
-    figures = "".join(f"<figure><img src='{e(f)}' alt='{e(c)}'><figcaption>{e(c)}</figcaption></figure>"
+    figures = "".join(f"<figure><img src='{e(f)}' alt='{e(c)}'>"
+                      f"<figcaption>{e(c)}</figcaption></figure>"
                       for f, c in plots)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>askonce demo</title><style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }} td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }} \
+td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; }}
 td:nth-child(n+3) {{ text-align: right; }} .met {{ color: #1a7f37; }} .unmet {{ color: #cf222e; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>askonce demo</h1>
 <p>{e(doc.get("command", ""))} &mdash; {e(doc.get("date", ""))}, {e(doc.get("machine", ""))}</p>
-<p>A gateway (FastAPI, httpx) calls an API (Flask on waitress, requests), which calls a service (FastAPI,
-httpx), which calls the target (Starlette, a fixed worker pool). Each middle layer tries 3 times. Naive: plain
-per-layer retry loops. askonce: the question is minted at the edge (budget {e(str(doc.get("budget", 2)))}) and
+<p>A gateway (FastAPI, httpx) calls an API (Flask on waitress, requests), which calls a service \
+(FastAPI,
+httpx), which calls the target (Starlette, a fixed worker pool). Each middle layer tries 3 times. \
+Naive: plain
+per-layer retry loops. askonce: the question is minted at the edge \
+(budget {e(str(doc.get("budget", 2)))}) and
 every layer spends from it{e(grace)}. Arrivals are counted at the target, per question.</p>
 <table><tr>{head}</tr>{body}</table>
 <h2>Goals</h2><ul>{goals}</ul>

@@ -1,8 +1,9 @@
-"""Runs the scenarios on a started :class:`~askonce.demo.stack.Stack`: configure, load, count, settle.
+"""Runs the scenarios on a started :class:`~askonce.demo.stack.Stack`: configure, load, count,
+settle.
 
-For each scenario and policy: every process is configured for the run (which also resets its counts,
-clients, buckets, breakers and ledger), the edge asks its questions, the target's counts are fetched,
-and the stack is drained until nothing is in flight before the next run starts.
+For each scenario and policy: every process is configured for the run (which also resets its
+counts, clients, buckets, breakers and ledger), the edge asks its questions, the target's counts
+are fetched, and the stack is drained until nothing is in flight before the next run starts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from askonce.demo.stack import CHAIN, Stack
 LEAD = 0.1  # seconds between configuring a run and its first question
 SETTLE_TIMEOUT = 2.0  # seconds to wait for the stack to go quiet between runs; then it is restarted
 SETTLE_POLL = 0.15
-QUIET_TIMEOUT = 4.0  # seconds to wait, after the last answer, for work and retries nobody waits for any more
+# Seconds to wait, after the last answer, for work and retries nobody waits for any more.
+QUIET_TIMEOUT = 4.0
 
 
 @dataclass
@@ -32,7 +34,8 @@ class Run:
     """One scenario under one policy: the row of the report and the series behind its plots."""
 
     row: dict[str, Any]
-    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, arrivals per second)
+    # (seconds, arrivals per second)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
     goodput: list[int] = field(default_factory=list)  # successes per second (overload)
 
 
@@ -40,7 +43,8 @@ Tick = Callable[[str, int, int], None]  # (run label, questions finished, questi
 
 
 class Runner:
-    def __init__(self, stack: Stack, *, seed: int = 1, redis: str | None = None, tick: Tick | None = None) -> None:
+    def __init__(self, stack: Stack, *, seed: int = 1, redis: str | None = None,
+                 tick: Tick | None = None) -> None:
         self.stack = stack
         self.seed = seed
         self.redis = redis
@@ -71,15 +75,18 @@ class Runner:
         """
         loop = asyncio.get_running_loop()
         entered = loop.time()
-        schedule = poisson_schedule(scenario.rate, scenario.duration, hash_seed(self.seed, scenario.name))
+        schedule = poisson_schedule(scenario.rate, scenario.duration,
+                                    hash_seed(self.seed, scenario.name))
         keys = question_keys(len(schedule), self.seed, scenario.name)
         trigger = scenario.trigger
         prefix = self.prefix(scenario, policy)
         plan = edge.EdgePlan(
             url=self.stack.url("gateway") + "/q", policy=policy, keys=keys, schedule=schedule,
-            deadline=scenario.deadline, attempts=1 if policy == "no-retry" else scenario.edge_attempts,
-            timeout=scenario.edge_timeout, budget=scenario.budget, grace=scenario.grace, seed=self.seed,
-            stop_at=scenario.duration if trigger is not None else None, store=self._edge_store(prefix, policy),
+            deadline=scenario.deadline,
+            attempts=1 if policy == "no-retry" else scenario.edge_attempts,
+            timeout=scenario.edge_timeout, budget=scenario.budget, grace=scenario.grace,
+            seed=self.seed, stop_at=scenario.duration if trigger is not None else None,
+            store=self._edge_store(prefix, policy),
         )  # fmt: skip
         clients = edge.clients_for(plan)
         label = f"{scenario.name} · {policy}"
@@ -93,14 +100,19 @@ class Runner:
             for response in await asyncio.gather(*posts):
                 response.raise_for_status()
             t0 = time.time() + LEAD  # the target's clock for its timeline and the capacity cut
-            target = replace(scenario.target, mode="askonce" if policy == "askonce" else "naive", t0=t0,
-                             capacity=() if trigger is None else ((trigger.start, trigger.end, trigger.factor),),
+            target = replace(scenario.target, mode="askonce" if policy == "askonce" else "naive",
+                             t0=t0,
+                             capacity=() if trigger is None
+                             else ((trigger.start, trigger.end, trigger.factor),),
                              redis=self.redis, prefix=prefix)
-            (await control.post(self.stack.url("target") + "/_demo/config", json=target.to_json())).raise_for_status()
+            (await control.post(self.stack.url("target") + "/_demo/config",
+                                json=target.to_json())).raise_for_status()
             asked = await edge.run(plan, loop.time() + max(0.0, t0 - time.time()), on_tick, clients)
-            if trigger is None:  # let orphaned retries arrive and running work finish, so that both are counted
+            # Let orphaned retries arrive and running work finish, so that both are counted.
+            if trigger is None:
                 await self.quiet(control, QUIET_TIMEOUT)
-            counts = (await control.get(self.stack.url("target") + "/_demo/stats", params={"full": "1"})).json()
+            counts = (await control.get(self.stack.url("target") + "/_demo/stats",
+                                        params={"full": "1"})).json()
             began = loop.time()
             settled = await self.settle(control) if settle else True
         if not settled:  # a collapsed naive stack can take minutes to unwind: start afresh instead
@@ -117,8 +129,8 @@ class Runner:
 
         return AsyncRedisStore(self.redis, prefix=f"{prefix}:edge")
 
-    def _result(self, scenario: Scenario, policy: str, asked: list[edge.Asked], counts: dict[str, Any],
-                settled: bool) -> Run:
+    def _result(self, scenario: Scenario, policy: str, asked: list[edge.Asked],
+                counts: dict[str, Any], settled: bool) -> Run:
         per_key: dict[str, int] = counts.get("per_key", {})
         row = measure.summarize(scenario.name, policy, asked, per_key, scenario.deadline, counts)
         row["settled"] = settled
@@ -145,10 +157,12 @@ class Runner:
         return Run(row, timeline, goodput)
 
     async def settle(self, control: httpx.AsyncClient) -> bool:
-        """Drain the target and wait until the stack is quiet; False if it is not within ``SETTLE_TIMEOUT``."""
+        """Drain the target and wait until the stack is quiet; False if it is not within
+        ``SETTLE_TIMEOUT``."""
         try:
             async with asyncio.timeout(SETTLE_TIMEOUT):
-                await control.post(self.stack.url("target") + "/_demo/drain", timeout=SETTLE_TIMEOUT)
+                await control.post(self.stack.url("target") + "/_demo/drain",
+                                   timeout=SETTLE_TIMEOUT)
         except (TimeoutError, httpx.HTTPError):
             return False
         return await self.quiet(control, SETTLE_TIMEOUT)
@@ -156,14 +170,16 @@ class Runner:
     async def quiet(self, control: httpx.AsyncClient, timeout: float) -> bool:
         """Wait until no layer has a request in flight and no new arrival reaches the target.
 
-        False if that does not happen within ``timeout`` (a layer too busy to answer counts as busy).
+        False if that does not happen within ``timeout`` (a layer too busy to answer counts as
+        busy).
         """
         try:
             async with asyncio.timeout(timeout):
                 last = -1
                 while True:
                     stats = await asyncio.gather(
-                        *(control.get(self.stack.url(n) + "/_demo/stats", timeout=SETTLE_POLL * 4) for n in CHAIN),
+                        *(control.get(self.stack.url(n) + "/_demo/stats", timeout=SETTLE_POLL * 4)
+                          for n in CHAIN),
                         return_exceptions=True)
                     busy, arrivals = 0, last
                     for name, s in zip(CHAIN, stats, strict=True):

@@ -1,10 +1,11 @@
 """The demo's processes: started on free loopback ports, checked for readiness, and always stopped.
 
-:class:`Stack` starts the gateway, api, service and target at once (``python -m askonce.demo.<module>``,
-each in a session of its own with a pipe on stdin), reads the port each one prints, and polls its
-health endpoint until it answers (bounded). :meth:`Stack.close` sends SIGTERM, waits a grace period and
-SIGKILLs what is left; it runs on exit (``atexit``) and on SIGTERM. Were the demo itself killed, its
-children see their stdin close and exit on their own (see :mod:`askonce.demo.child`).
+:class:`Stack` starts the gateway, api, service and target at once
+(``python -m askonce.demo.<module>``, each in a session of its own with a pipe on stdin), reads the
+port each one prints, and polls its health endpoint until it answers (bounded).
+:meth:`Stack.close` sends SIGTERM, waits a grace period and SIGKILLs what is left; it runs on exit
+(``atexit``) and on SIGTERM. Were the demo itself killed, its children see their stdin close and
+exit on their own (see :mod:`askonce.demo.child`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import IO, Any
 
 import httpx
 
-START_TIMEOUT = 20.0  # seconds for every process to bind, announce its port and answer its health check
+# Seconds for every process to bind, announce its port and answer its health check.
+START_TIMEOUT = 20.0
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 
 # name -> module and arguments; the order is the call chain from the edge inward
@@ -49,7 +51,8 @@ class Proc:
 
 
 def _terminate_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the `finally` blocks and atexit, which stop the stack
+    # Unwinds through the `finally` blocks and atexit, which stop the stack.
+    raise SystemExit(128 + signum)
 
 
 class Stack:
@@ -80,7 +83,8 @@ class Stack:
         self.close()
 
     def spawn(self) -> None:
-        """Start every process; they boot in parallel (with those of any other stack spawned meanwhile)."""
+        """Start every process; they boot in parallel (with those of any other stack spawned
+        meanwhile)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for name, argv in LAYERS.items():
             log: IO[bytes] | int = subprocess.DEVNULL
@@ -89,15 +93,17 @@ class Stack:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 path = self.log_dir / f"{name}.log"
                 log = path.open("ab")
-            popen = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, env=env, start_new_session=True, close_fds=True)
+            popen = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, env=env,
+                                     start_new_session=True, close_fds=True)
             if not isinstance(log, int):
                 log.close()  # the child has its own copy
             self.procs[name] = Proc(name, popen, path)
             self.started.append(popen.pid)
 
     def ready(self) -> None:
-        """Wait (bounded) until every process has announced its port and answers its health check."""
+        """Wait (bounded) until every process has announced its port and answers its health
+        check."""
         deadline = time.monotonic() + START_TIMEOUT
         for proc in self.procs.values():
             if not proc.url:
@@ -118,7 +124,8 @@ class Stack:
             if ready:
                 chunk = os.read(out.fileno(), 64)
                 if not chunk:
-                    raise StackError(self._why(proc, "closed its stdout before announcing its port"))
+                    raise StackError(self._why(proc,
+                                               "closed its stdout before announcing its port"))
                 line += chunk
         words = line.split()
         if len(words) != 2 or words[0] != b"port" or not words[1].isdigit():
@@ -143,7 +150,8 @@ class Stack:
         return f"the {proc.name} process {what}{exited}{where}"
 
     def restart(self) -> None:
-        """Stop every process and start a fresh set (new ports): for a stack that would not settle."""
+        """Stop every process and start a fresh set (new ports): for a stack that would not
+        settle."""
         self.close()
         self._closed = False
         self.procs = {}

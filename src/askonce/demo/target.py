@@ -1,14 +1,15 @@
-"""The target: Starlette under uvicorn with a fixed worker pool, counting every arrival per question.
+"""The target: Starlette under uvicorn with a fixed worker pool, counting every arrival per
+question.
 
-``python -m askonce.demo.target``. ``GET /q`` waits for one of ``slots`` workers (FIFO), holds it for
-the service time (``asyncio.sleep``: the work occupies a worker, not the CPU) and answers 200, unless
-the failure mode says otherwise (see :class:`~askonce.demo.params.TargetSettings`). Every arrival is
-counted before anything else, per question id: the ``x-question-id`` header in naive mode, the askonce
-key in askonce mode, where :class:`~askonce.integrations.asgi.AskonceASGIMiddleware` also feeds the
-real ledger (coverage) and sheds and cancels work past its deadline. Like any uvicorn app in naive
-mode, a request whose caller has gone is worked on to the end. Each piece of work is logged (question
-id, when it ended, how long), so the runner can tell which work answered a question and which was
-wasted.
+``python -m askonce.demo.target``. ``GET /q`` waits for one of ``slots`` workers (FIFO), holds it
+for the service time (``asyncio.sleep``: the work occupies a worker, not the CPU) and answers 200,
+unless the failure mode says otherwise (see :class:`~askonce.demo.params.TargetSettings`). Every
+arrival is counted before anything else, per question id: the ``x-question-id`` header in naive
+mode, the askonce key in askonce mode, where
+:class:`~askonce.integrations.asgi.AskonceASGIMiddleware` also feeds the real ledger (coverage) and
+sheds and cancels work past its deadline. Like any uvicorn app in naive mode, a request whose
+caller has gone is worked on to the end. Each piece of work is logged (question id, when it ended,
+how long), so the runner can tell which work answered a question and which was wasted.
 
 Control: ``POST /_demo/config`` (settings; resets every count), ``POST /_demo/drain`` (answer every
 queued and new request 500, which no layer retries, so the stack unwinds between runs),
@@ -88,7 +89,8 @@ class Pool:
 class Target:
     def __init__(self) -> None:
         self.control = Starlette(routes=[
-            Route("/_demo/health", self.health), Route("/_demo/config", self.configure, methods=["POST"]),
+            Route("/_demo/health", self.health),
+            Route("/_demo/config", self.configure, methods=["POST"]),
             Route("/_demo/drain", self.drain, methods=["POST"]), Route("/_demo/stats", self.stats),
         ])  # fmt: skip
         self.settings = TargetSettings()
@@ -114,12 +116,14 @@ class Target:
             if s.redis is not None:
                 from askonce.ledger_store import RedisLedger
 
-                self.ledger = RedisLedger(s.redis, prefix=s.prefix, policy=policy, flush_interval=0.1)
+                self.ledger = RedisLedger(s.redis, prefix=s.prefix, policy=policy,
+                                          flush_interval=0.1)
             else:
                 from askonce.ledger_store import MemoryLedger
 
                 self.ledger = MemoryLedger(policy)
-            self.askonce_app = AskonceASGIMiddleware(self.work_app, layer="target", ledger=self.ledger)
+            self.askonce_app = AskonceASGIMiddleware(self.work_app, layer="target",
+                                                     ledger=self.ledger)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -173,7 +177,8 @@ class Target:
             except Drained:
                 await answer(send, 500, b"drained\n")
                 return
-            seconds = (s.slow_time if slow else s.service_time) / capacity_factor(s.capacity, self.now())
+            seconds = ((s.slow_time if slow else s.service_time)
+                       / capacity_factor(s.capacity, self.now()))
             with self.working(key):
                 await asyncio.sleep(seconds)
             await answer(send, 200, b"ok\n")
@@ -185,9 +190,11 @@ class Target:
 
     @contextlib.contextmanager
     def working(self, key: str | None) -> Iterator[None]:
-        """Hold a worker for the block and log the work: (question id, seconds into the run at the end, length).
+        """Hold a worker for the block and log the work: (question id, seconds into the run at the
+        end, length).
 
-        Work cut short (the askonce middleware cancels at the deadline and on disconnect) is logged too.
+        Work cut short (the askonce middleware cancels at the deadline and on disconnect) is logged
+        too.
         """
         started = self.now()
         token = object()
@@ -256,7 +263,8 @@ class Target:
 
 async def answer(send: Any, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"text/plain"),
+                            (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -1,4 +1,4 @@
-"""``askonce simulate``: run the standard experiments on the simulator and print tables, JSON or plots.
+"""``askonce simulate``: the standard experiments on the simulator, as tables, JSON or plots.
 
 Registered by ``askonce.cli`` with :func:`add_parser`; everything heavy is imported only when the
 command runs.
@@ -21,7 +21,8 @@ def _floats(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
     return values
@@ -30,7 +31,8 @@ def _floats(text: str) -> list[float]:
 def _ints(text: str) -> list[int]:
     values = _floats(text)
     if any(v != int(v) or v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers >= 1, got {text!r}")
     return [int(v) for v in values]
 
 
@@ -57,9 +59,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="the standard experiments on a discrete-event simulator driving the real core",
-        description="Run the standard experiments (docs/results.md) on a virtual clock with seeded randomness. "
-        "Every hop makes its decisions with the library's own RetryState, Account escrow, token buckets, "
-        "breakers and ledger.",
+        description="Run the standard experiments (docs/results.md) on a virtual clock with seeded "
+        "randomness. Every hop makes its decisions with the library's own RetryState, Account "
+        "escrow, token buckets, breakers and ledger.",
     )
     p.add_argument("--scenario", choices=(*SCENARIO_NAMES, "all"), default="all",
                    help="which experiment to run (default: all of them)")
@@ -67,32 +69,47 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated subset of no-retry,naive,bucket,breaker,askonce "
                         "(jitter: no-jitter,full-jitter,askonce)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    p.add_argument("--plots", metavar="DIR", help="write one PNG per scenario into DIR (needs matplotlib)")
-    p.add_argument("--quick", action="store_true", help=f"run {QUICK * 100:.0f}%% of each duration (a smoke test)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document instead of tables")
+    p.add_argument("--plots", metavar="DIR",
+                   help="write one PNG per scenario into DIR (needs matplotlib)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"run {QUICK * 100:.0f}%% of each duration (a smoke test)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     g = p.add_argument_group("the world")
     g.add_argument("--duration", type=_bounded("duration", 86_400.0),
                    help="seconds of issued questions (depth, transient, clients)")
-    g.add_argument("--rate", type=_bounded("rate", 1e7), help="questions per second, all clients together")
+    g.add_argument("--rate", type=_bounded("rate", 1e7),
+                   help="questions per second, all clients together")
     g.add_argument("--depths", type=_ints, help="depth, transient: retrying layers, e.g. 1,2,3,4,5 "
                    "(clients, overload: the first one)")
     g.add_argument("--error-rates", type=_floats, help="transient: e.g. 0.01,0.1,0.5")
-    g.add_argument("--clients", type=_ints, help="clients: counts, e.g. 10,100,1000; jitter: the first one")
-    g.add_argument("--triggers", type=_floats, help="overload: seconds of the capacity cut, e.g. 2,5,10")
+    g.add_argument("--clients", type=_ints,
+                   help="clients: counts, e.g. 10,100,1000; jitter: the first one")
+    g.add_argument("--triggers", type=_floats,
+                   help="overload: seconds of the capacity cut, e.g. 2,5,10")
     k = p.add_argument_group("the policies")
-    k.add_argument("--attempts", type=int, help="attempts per layer (default 3; overload 4; jitter 100)")
-    k.add_argument("--budget", type=int, help="askonce: retries per question (default 2; jitter 99)")
-    k.add_argument("--bucket-ratio", type=float, help="askonce: retry tokens per request (library default 0.2)")
-    k.add_argument("--bucket-floor", type=float, help="bucket baseline: retries/s always allowed (default 1)")
-    k.add_argument("--breaker-rate", type=float, help="breakers: failure rate that opens them (default 0.5)")
+    k.add_argument("--attempts", type=int,
+                   help="attempts per layer (default 3; overload 4; jitter 100)")
+    k.add_argument("--budget", type=int,
+                   help="askonce: retries per question (default 2; jitter 99)")
+    k.add_argument("--bucket-ratio", type=float,
+                   help="askonce: retry tokens per request (library default 0.2)")
+    k.add_argument("--bucket-floor", type=float,
+                   help="bucket baseline: retries/s always allowed (default 1)")
+    k.add_argument("--breaker-rate", type=float,
+                   help="breakers: failure rate that opens them (default 0.5)")
     k.add_argument("--breaker-min-calls", type=int,
-                   help="breakers: calls in the window before a verdict (default 20; the demo's breaker: 3)")
-    k.add_argument("--breaker-window", type=int, help="breakers: calls in the count window (default 100)")
+                   help="breakers: calls in the window before a verdict "
+                        "(default 20; the demo's breaker: 3)")
+    k.add_argument("--breaker-window", type=int,
+                   help="breakers: calls in the count window (default 100)")
     k.add_argument("--breaker-open-for", type=float,
-                   help="breakers: seconds open before probes are let through (default 2; the demo's breaker: 1)")
+                   help="breakers: seconds open before probes are let through "
+                        "(default 2; the demo's breaker: 1)")
     k.add_argument("--grace", type=float,
-                   help="askonce: each layer's deadline_grace, seconds (default 0: timed-out tries are not retried)")
+                   help="askonce: each layer's deadline_grace, seconds "
+                        "(default 0: timed-out tries are not retried)")
     k.add_argument("--per-client", action="store_true",
                    help="askonce: a bucket and breaker per client instead of one for the fleet")
     p.set_defaults(func=run)
@@ -108,13 +125,16 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
     if args.bucket_ratio is not None:
         changes["bucket"] = dataclasses.replace(base.bucket, ratio=args.bucket_ratio)
     if args.bucket_floor is not None:
-        changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket, floor=args.bucket_floor)
+        changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket,
+                                                         floor=args.bucket_floor)
     breaker = {name: value for name, value in (("failure_rate", args.breaker_rate),
                                                 ("minimum_calls", args.breaker_min_calls),
                                                 ("window_size", args.breaker_window),
-                                                ("open_for", args.breaker_open_for)) if value is not None}
+                                                ("open_for", args.breaker_open_for))
+               if value is not None}
     if breaker:
-        changes["breaker"] = dataclasses.replace(base.breaker, **breaker)  # validated: a clear error if absurd
+        # Validated: a clear error if absurd.
+        changes["breaker"] = dataclasses.replace(base.breaker, **breaker)
     if args.grace is not None:
         changes["grace"] = args.grace
     if args.per_client:
@@ -132,7 +152,7 @@ def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.policies:
         kw["policies"] = args.policies
     for policy in kw.get("policies", defaults.get("policies", ())):
-        s.preset(policy, kw["knobs"])  # a bad name or knob: ValueError now, not after the first runs
+        s.preset(policy, kw["knobs"])  # a bad name or knob: ValueError now, not after some runs
     if "duration" in defaults:
         duration = args.duration if args.duration is not None else defaults["duration"]
         kw["duration"] = duration * (QUICK if args.quick else 1)
@@ -141,8 +161,8 @@ def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if "duration" in kw and "rate" in defaults:
         questions = kw["duration"] * kw.get("rate", defaults["rate"])
         if questions > MAX_QUESTIONS:
-            raise ValueError(f"{name}: rate x duration is {questions:.3g} questions per run; at most "
-                             f"{MAX_QUESTIONS:.0e}")
+            raise ValueError(f"{name}: rate x duration is {questions:.3g} questions per run; "
+                             f"at most {MAX_QUESTIONS:.0e}")
     if args.depths and "depths" in defaults:
         kw["depths"] = args.depths
     elif args.depths and "depth" in defaults:  # clients, overload: one stack depth
@@ -169,19 +189,21 @@ def run(args: argparse.Namespace) -> int:
     def progress(row: s.Row) -> None:
         if not args.quiet:
             mean = "-" if row.mean is None else f"{row.mean:.3f}"
-            print(f"  {row.scenario} {dict(row.params)} {row.policy}: A {mean}, success {row.success_rate:.2%}"
-                  f" ({row.wall_s:.1f} s)", file=sys.stderr)
+            print(f"  {row.scenario} {dict(row.params)} {row.policy}: A {mean}, "
+                  f"success {row.success_rate:.2%} ({row.wall_s:.1f} s)", file=sys.stderr)
 
     rows: list[s.Row] = []
     try:
-        kwargs = {name: _scenario_kwargs(name, args) for name in names}  # every usage error before any run
+        # Every usage error before any run.
+        kwargs = {name: _scenario_kwargs(name, args) for name in names}
         for name in names:
             rows += s.SCENARIOS[name](**kwargs[name], progress=progress)
     except ValueError as exc:  # a bad policy name or parameter: say which, not a traceback
         print(f"askonce simulate: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        meta = {"version": __version__, "seed": args.seed, "quick": args.quick, "argv": sys.argv[1:]}
+        meta = {"version": __version__, "seed": args.seed, "quick": args.quick,
+                "argv": sys.argv[1:]}
         print(json.dumps(report.document(rows, meta), indent=2))
     else:
         print(report.table(rows), end="")

@@ -15,7 +15,8 @@ from askonce.sim.scenarios import Row
 Column = tuple[str, int, Callable[[Row], str]]
 
 # Lines that sit on top of each other (two policies at zero goodput) stay visible by their style.
-_STYLE = {"no-retry": ":", "naive": "--", "bucket": "-.", "breaker": "-", "askonce": "-", "no-jitter": "--"}
+_STYLE = {"no-retry": ":", "naive": "--", "bucket": "-.", "breaker": "-", "askonce": "-",
+          "no-jitter": "--"}
 _WIDTH = {"askonce": 2.0}
 
 
@@ -49,14 +50,16 @@ _SUCCESS: Column = ("success", 9, lambda r: _pct(r.success_rate))
 _LOAD: Column = ("load", 7, lambda r: _num(r.arrivals / r.questions if r.questions else None))
 
 COLUMNS: dict[str, list[Column]] = {
-    "depth": [("N", 3, lambda r: str(r.params["depth"])), _POLICY, _REACHED, *_A, _STEADY, _LOAD],
+    "depth": [("N", 3, lambda r: str(r.params["depth"])), _POLICY, _REACHED, *_A, _STEADY,
+              _LOAD],
     "transient": [
         ("N", 3, lambda r: str(r.params["depth"])),
         ("errors", 7, lambda r: _pct(r.params["error_rate"], 0)),
         _POLICY, *_A, _SUCCESS,
         ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
     ],
-    "clients": [("clients", 8, lambda r: str(r.params["clients"])), _POLICY, _REACHED, *_A, _STEADY, _LOAD],
+    "clients": [("clients", 8, lambda r: str(r.params["clients"])), _POLICY, _REACHED, *_A,
+                _STEADY, _LOAD],
     "overload": [
         ("T", 4, lambda r: f"{r.params['trigger_s']:g}s"),
         _POLICY, *_A, _SUCCESS,
@@ -67,14 +70,17 @@ COLUMNS: dict[str, list[Column]] = {
         _POLICY,
         ("calls", 7, lambda r: str(r.arrivals)),
         ("done", 8, lambda r: f"{round(r.success_rate * r.questions)}/{r.questions}"),
-        ("completion", 11, lambda r: "-" if r.completion_s is None else f"{r.completion_s * 1000:.0f} ms"),
+        ("completion", 11,
+         lambda r: "-" if r.completion_s is None else f"{r.completion_s * 1000:.0f} ms"),
     ],
 }
 
 TITLES = {
-    "depth": "E1 outage x depth: arrivals per question that reached the target (A); load = arrivals per question asked",
+    "depth": "E1 outage x depth: arrivals per question that reached the target (A); "
+             "load = arrivals per question asked",
     "transient": "E2 transient errors: success within the deadline and A",
-    "clients": "E5 client count (same total load, full outage): A; load = arrivals per question asked",
+    "clients": "E5 client count (same total load, full outage): A; "
+               "load = arrivals per question asked",
     "overload": "E3 overload: capacity cut for T s; recovery = until 5 s goodput is back to 90 %",
     "jitter": "E6 synchronised retries: calls and time until every client has written",
 }
@@ -87,9 +93,11 @@ def table(rows: Sequence[Row]) -> str:
         cols = COLUMNS[scenario]
         mine = [r for r in rows if r.scenario == scenario]
         out.append(TITLES[scenario])
-        out.append("  ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w, _) in enumerate(cols)))
+        out.append("  ".join(f"{name:>{w}}" if i else f"{name:<{w}}"
+                             for i, (name, w, _) in enumerate(cols)))
         for r in mine:
-            out.append("  ".join(f"{fn(r):>{w}}" if i else f"{fn(r):<{w}}" for i, (_, w, fn) in enumerate(cols)))
+            out.append("  ".join(f"{fn(r):>{w}}" if i else f"{fn(r):<{w}}"
+                                 for i, (_, w, fn) in enumerate(cols)))
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -100,7 +108,7 @@ def document(rows: Sequence[Row], meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def plots(rows: Sequence[Row], folder: str) -> list[str]:
-    """Write one PNG per scenario present in ``rows`` into ``folder``; returns the paths written."""
+    """Write one PNG per scenario present in ``rows`` into ``folder``; the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,10 +134,11 @@ def plots(rows: Sequence[Row], folder: str) -> list[str]:
     if "depth" in scenarios:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for policy, mine in by_policy([r for r in rows if r.scenario == "depth"]).items():
-            ax.plot([r.params["depth"] for r in mine], [r.mean or 0 for r in mine], marker="o", label=policy,
-                    linestyle=_STYLE.get(policy, "-"))
+            ax.plot([r.params["depth"] for r in mine], [r.mean or 0 for r in mine], marker="o",
+                    label=policy, linestyle=_STYLE.get(policy, "-"))
         ax.set(yscale="log", xlabel="retrying layers N", ylabel="arrivals per question (mean)",
-               title="E1: full outage", xticks=sorted({r.params["depth"] for r in rows if r.scenario == "depth"}))
+               title="E1: full outage",
+               xticks=sorted({r.params["depth"] for r in rows if r.scenario == "depth"}))
         ax.legend()
         save(fig, "depth.png")
     if "transient" in scenarios:
@@ -140,8 +149,10 @@ def plots(rows: Sequence[Row], folder: str) -> list[str]:
             for policy, rs in by_policy([r for r in mine if r.params["depth"] == d]).items():
                 x = [r.params["error_rate"] * 100 for r in rs]
                 style = _STYLE.get(policy, "-")
-                axes[0][j].plot(x, [r.success_rate * 100 for r in rs], marker="o", label=policy, linestyle=style)
-                axes[1][j].plot(x, [r.mean or 0 for r in rs], marker="o", label=policy, linestyle=style)
+                axes[0][j].plot(x, [r.success_rate * 100 for r in rs], marker="o", label=policy,
+                                linestyle=style)
+                axes[1][j].plot(x, [r.mean or 0 for r in rs], marker="o", label=policy,
+                                linestyle=style)
             axes[0][j].set(title=f"E2: N={d}", ylabel="success within deadline (%)")
             axes[1][j].set(xlabel="target error rate (%)", ylabel="arrivals per question (mean)")
             axes[0][j].legend(fontsize=8)
@@ -149,16 +160,17 @@ def plots(rows: Sequence[Row], folder: str) -> list[str]:
     if "clients" in scenarios:
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for policy, rs in by_policy([r for r in rows if r.scenario == "clients"]).items():
-            ax.plot([r.params["clients"] for r in rs], [r.mean or 0 for r in rs], marker="o", label=policy,
-                    linestyle=_STYLE.get(policy, "-"))
-        ax.set(xscale="log", xlabel="clients (same total load)", ylabel="arrivals per question (mean)",
-               title="E5: full outage")
+            ax.plot([r.params["clients"] for r in rs], [r.mean or 0 for r in rs], marker="o",
+                    label=policy, linestyle=_STYLE.get(policy, "-"))
+        ax.set(xscale="log", xlabel="clients (same total load)",
+               ylabel="arrivals per question (mean)", title="E5: full outage")
         ax.legend()
         save(fig, "clients.png")
     if "overload" in scenarios:
         mine = [r for r in rows if r.scenario == "overload"]
         triggers = sorted({r.params["trigger_s"] for r in mine})
-        fig, axes = plt.subplots(len(triggers), 1, figsize=(8, 2.6 * len(triggers)), squeeze=False)
+        fig, axes = plt.subplots(len(triggers), 1, figsize=(8, 2.6 * len(triggers)),
+                                 squeeze=False)
         for i, t in enumerate(triggers):
             ax = axes[i][0]
             start = 0.0

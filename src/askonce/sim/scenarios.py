@@ -1,17 +1,18 @@
-"""The standard experiments (``/work/shared/experiments.md`` E1-E3, E5, E6) as parameterised sweeps.
+"""The standard experiments (``/work/shared/experiments.md`` E1-E3, E5, E6) as sweeps.
 
 Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns the raw counts into a
 :class:`Row` of figures. The policies:
 
 * ``no-retry`` - one attempt per layer;
-* ``naive`` - every layer retries on its own (``attempts``, full-jitter backoff), forwarding only an id;
-* ``bucket`` - naive plus a retry token bucket per layer and per client (10 % of requests plus a 1/s
-  floor, at most 10 banked: the SRE book's per-client budget with a small floor);
+* ``naive`` - every layer retries on its own (``attempts``, full-jitter backoff), forwarding only
+  an id;
+* ``bucket`` - naive plus a retry token bucket per layer and per client (10 % of requests plus a
+  1/s floor, at most 10 banked: the SRE book's per-client budget with a small floor);
 * ``breaker`` - naive plus a circuit breaker per layer and per client (the library's defaults);
-* ``askonce`` - the question travels (budget, deadline, path); every layer keeps its attempt limit and
-  the library's default per-target bucket; the layer nearest the target has the library's default breaker;
-  the target sheds work past the propagated deadline. Layer 1's bucket and breaker are shared by the
-  whole client fleet (``shared``), as with the Redis store.
+* ``askonce`` - the question travels (budget, deadline, path); every layer keeps its attempt limit
+  and the library's default per-target bucket; the layer nearest the target has the library's
+  default breaker; the target sheds work past the propagated deadline. Layer 1's bucket and breaker
+  are shared by the whole client fleet (``shared``), as with the Redis store.
 """
 
 from __future__ import annotations
@@ -57,21 +58,26 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
     if name in ("naive", "full-jitter"):
         return Policy(name, attempts=k.attempts, backoff=k.backoff)
     if name == "no-jitter":
-        return Policy(name, attempts=k.attempts, backoff=dataclasses.replace(k.backoff, jitter=False))
+        return Policy(name, attempts=k.attempts,
+                      backoff=dataclasses.replace(k.backoff, jitter=False))
     if name == "bucket":
         return Policy(name, attempts=k.attempts, backoff=k.backoff, bucket=k.baseline_bucket)
     if name == "breaker":
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
     if name == "askonce":
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
-                      bucket=k.bucket, breaker=k.breaker, breaker_everywhere=False, shared=k.shared, shed=True,
-                      grace=k.grace)
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
+                      bucket=k.bucket, breaker=k.breaker, breaker_everywhere=False,
+                      shared=k.shared, shed=True, grace=k.grace)
+    raise ValueError(f"unknown policy {name!r}; "
+                     f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """The figures of one policy in one world. Arrival figures cover the questions that reached the target."""
+    """The figures of one policy in one world.
+
+    Arrival figures cover the questions that reached the target.
+    """
 
     scenario: str
     policy: str
@@ -107,10 +113,12 @@ class Row:
             "success_rate": self.success_rate,
             "latency_ms": {"p50": self.latency_p50_ms, "p99": self.latency_p99_ms},
             "wasted_work": {"seconds": self.wasted_s, "fraction": self.wasted_fraction},
-            "recovery_s": self.recovery_s, "recovered": self.recovered, "completion_s": self.completion_s,
-            "ledger": {"amplification": self.ledger_amplification, "approximate": self.ledger_approximate},
-            "unfinished": self.unfinished, "events": self.events, "goodput_per_s": list(self.goodput),
-            "wall_s": self.wall_s,
+            "recovery_s": self.recovery_s, "recovered": self.recovered,
+            "completion_s": self.completion_s,
+            "ledger": {"amplification": self.ledger_amplification,
+                       "approximate": self.ledger_approximate},
+            "unfinished": self.unfinished, "events": self.events,
+            "goodput_per_s": list(self.goodput), "wall_s": self.wall_s,
         }  # fmt: skip
 
 
@@ -134,8 +142,9 @@ def _mean(hist: Mapping[int, int]) -> float | None:
 
 def recovery(bins: Sequence[int], bin_s: float, trigger: tuple[float, float], horizon: float,
              window: float = 5.0, warm: float = 5.0, share: float = 0.9) -> float | None:
-    """Seconds after the trigger ends until goodput over the next ``window`` seconds is back to ``share``
-    of its mean over ``[warm, trigger start)``; ``None`` if that never happens before ``horizon``."""
+    """Seconds after the trigger ends until goodput over the next ``window`` seconds is back to
+    ``share`` of its mean over ``[warm, trigger start)``; ``None`` if that never happens before
+    ``horizon``."""
     start, end = trigger
     per = round(1 / bin_s)
     lo, hi = round(warm * per), round(start * per)
@@ -165,23 +174,27 @@ def summarise(scenario: str, policy: str, params: Mapping[str, Any], sim: Sim, w
         rec = recovery(st.goodput_bins, st.bin, trigger, sim.world.horizon)
         recovered = rec is not None
     per_s = round(1 / st.bin) if st.bin < 1 else 1
-    series = tuple(sum(st.goodput_bins[i:i + per_s]) / (per_s * st.bin) for i in range(0, len(st.goodput_bins), per_s))
+    series = tuple(sum(st.goodput_bins[i:i + per_s]) / (per_s * st.bin)
+                   for i in range(0, len(st.goodput_bins), per_s))
     totals = sim.ledger.report(sim.engine.now).totals()
     return Row(
         scenario=scenario, policy=policy, params=dict(params), questions=st.issued,
         reached=sum(reached.values()), arrivals=st.arrivals, mean=_mean(reached),
-        p99=percentile(reached, 0.99), max=max(reached) if reached else None, steady_mean=_mean(steady),
-        success_rate=st.ok / st.issued if st.issued else 0.0,
-        latency_p50_ms=percentile(st.latency_ms, 0.5), latency_p99_ms=percentile(st.latency_ms, 0.99),
+        p99=percentile(reached, 0.99), max=max(reached) if reached else None,
+        steady_mean=_mean(steady), success_rate=st.ok / st.issued if st.issued else 0.0,
+        latency_p50_ms=percentile(st.latency_ms, 0.5),
+        latency_p99_ms=percentile(st.latency_ms, 0.99),
         wasted_s=round(st.wasted, 6), wasted_fraction=st.wasted / st.busy if st.busy else None,
         recovery_s=rec, recovered=recovered, completion_s=st.last_ok if st.ok else None,
         ledger_amplification=totals.amplification, ledger_approximate=totals.approximate,
-        unfinished=st.unfinished, events=sim.engine.events, goodput=series if goodput else (), wall_s=round(wall, 3),
+        unfinished=st.unfinished, events=sim.engine.events, goodput=series if goodput else (),
+        wall_s=round(wall, 3),
     )  # fmt: skip
 
 
-def run_one(scenario: str, name: str, world: World, knobs: Knobs, seed: int, params: Mapping[str, Any],
-            trigger: tuple[float, float] | None = None, goodput: bool = False) -> Row:
+def run_one(scenario: str, name: str, world: World, knobs: Knobs, seed: int,
+            params: Mapping[str, Any], trigger: tuple[float, float] | None = None,
+            goodput: bool = False) -> Row:
     started = time.perf_counter()
     sim = Sim(world, preset(name, knobs), seed)
     sim.run()
@@ -197,9 +210,9 @@ def _emit(rows: list[Row], row: Row, progress: Progress | None) -> None:
         progress(row)
 
 
-def depth(*, depths: Sequence[int] = (1, 2, 3, 4, 5), policies: Sequence[str] = POLICIES, seed: int = 1,
-          clients: int = 100, rate: float = 1000.0, duration: float = 10.0, knobs: Knobs = Knobs(),
-          progress: Progress | None = None) -> list[Row]:
+def depth(*, depths: Sequence[int] = (1, 2, 3, 4, 5), policies: Sequence[str] = POLICIES,
+          seed: int = 1, clients: int = 100, rate: float = 1000.0, duration: float = 10.0,
+          knobs: Knobs = Knobs(), progress: Progress | None = None) -> list[Row]:
     """E1: every call to the target fails for the whole run, N retrying layers.
 
     E1 describes a 60 s outage; 10 s is the default here because naive stacks cost 3^N arrivals each
@@ -212,71 +225,82 @@ def depth(*, depths: Sequence[int] = (1, 2, 3, 4, 5), policies: Sequence[str] = 
     return rows
 
 
-def transient(*, error_rates: Sequence[float] = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5), depths: Sequence[int] = (1, 3),
-              policies: Sequence[str] = POLICIES, seed: int = 1, clients: int = 100, rate: float = 1000.0,
-              duration: float = 20.0, knobs: Knobs = Knobs(), progress: Progress | None = None) -> list[Row]:
+def transient(*, error_rates: Sequence[float] = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5),
+              depths: Sequence[int] = (1, 3), policies: Sequence[str] = POLICIES, seed: int = 1,
+              clients: int = 100, rate: float = 1000.0, duration: float = 20.0,
+              knobs: Knobs = Knobs(), progress: Progress | None = None) -> list[Row]:
     """E2: the target fails each arrival independently with the given probability."""
     rows: list[Row] = []
     for d in depths:
         for p in error_rates:
             world = World(depth=d, clients=clients, rate=rate, duration=duration, error_rate=p)
             for name in policies:
-                _emit(rows, run_one("transient", name, world, knobs, seed, {"depth": d, "error_rate": p}), progress)
+                _emit(rows, run_one("transient", name, world, knobs, seed,
+                                    {"depth": d, "error_rate": p}), progress)
     return rows
 
 
-def clients(*, counts: Sequence[int] = (10, 100, 1000), policies: Sequence[str] = POLICIES, seed: int = 1,
-            depth: int = 1, rate: float = 100.0, duration: float = 60.0, knobs: Knobs = Knobs(),
-            progress: Progress | None = None) -> list[Row]:
+def clients(*, counts: Sequence[int] = (10, 100, 1000), policies: Sequence[str] = POLICIES,
+            seed: int = 1, depth: int = 1, rate: float = 100.0, duration: float = 60.0,
+            knobs: Knobs = Knobs(), progress: Progress | None = None) -> list[Row]:
     """E5: the same total load from more and more clients, full outage."""
     rows: list[Row] = []
     for n in counts:
         world = World(depth=depth, clients=n, rate=rate, duration=duration, outage=(0.0, FOREVER))
         for name in policies:
-            _emit(rows, run_one("clients", name, world, knobs, seed, {"clients": n, "depth": depth}), progress)
+            _emit(rows, run_one("clients", name, world, knobs, seed,
+                                {"clients": n, "depth": depth}), progress)
     return rows
 
 
-def overload(*, triggers: Sequence[float] = (2.0, 5.0, 10.0), policies: Sequence[str] = POLICIES, seed: int = 1,
-             depth: int = 1, clients: int = 100, servers: int = 10, service: float = 0.1, load: float = 0.8,
-             factor: float = 0.4, start: float = 15.0, after: float = 100.0, timeout: float = 1.0,
-             deadline: float = 3.0, knobs: Knobs = Knobs(attempts=4), progress: Progress | None = None) -> list[Row]:
-    """E3: a target of ``servers`` x ``service`` with a FIFO queue under open load ``load`` x capacity; its
-    capacity drops to ``factor`` for T seconds. Recovery is looked for until ``after`` s past the trigger."""
+def overload(*, triggers: Sequence[float] = (2.0, 5.0, 10.0), policies: Sequence[str] = POLICIES,
+             seed: int = 1, depth: int = 1, clients: int = 100, servers: int = 10,
+             service: float = 0.1, load: float = 0.8, factor: float = 0.4, start: float = 15.0,
+             after: float = 100.0, timeout: float = 1.0, deadline: float = 3.0,
+             knobs: Knobs = Knobs(attempts=4), progress: Progress | None = None) -> list[Row]:
+    """E3: a target of ``servers`` x ``service`` with a FIFO queue under open load ``load`` x
+    capacity; its capacity drops to ``factor`` for T seconds. Recovery is looked for until
+    ``after`` s past the trigger."""
     rows: list[Row] = []
     capacity = servers / service
     for t in triggers:
         end = start + t
         horizon = end + after + 5.0  # room for the last 5 s goodput window
-        world = World(depth=depth, clients=clients, rate=load * capacity, duration=horizon, deadline=deadline,
-                      timeout=timeout, service=service, servers=servers, cut=(start, end, factor),
-                      horizon=horizon, settle=start, bin=0.1)
-        params = {"trigger_s": t, "start_s": start, "capacity": capacity, "load": load, "factor": factor,
-                  "depth": depth}
+        world = World(depth=depth, clients=clients, rate=load * capacity, duration=horizon,
+                      deadline=deadline, timeout=timeout, service=service, servers=servers,
+                      cut=(start, end, factor), horizon=horizon, settle=start, bin=0.1)
+        params = {"trigger_s": t, "start_s": start, "capacity": capacity, "load": load,
+                  "factor": factor, "depth": depth}
         for name in policies:
-            _emit(rows, run_one("overload", name, world, knobs, seed, params, (start, end), True), progress)
+            _emit(rows, run_one("overload", name, world, knobs, seed, params, (start, end), True),
+                  progress)
     return rows
 
 
-def jitter(*, clients: int = 100, policies: Sequence[str] = JITTER_POLICIES, seed: int = 1, service: float = 0.01,
+def jitter(*, clients: int = 100, policies: Sequence[str] = JITTER_POLICIES, seed: int = 1,
+           service: float = 0.01,
            knobs: Knobs = Knobs(attempts=100, budget=99, backoff=Backoff(base=0.005, cap=2.0)),
            progress: Progress | None = None) -> list[Row]:
     """E6: ``clients`` clients each write once to one record at the same moment; a write that meets
-    another in progress conflicts and is retried (optimistic concurrency, as in the AWS jitter study).
+    another in progress conflicts and is retried (optimistic concurrency, as in the AWS jitter
+    study).
 
-    ``full-jitter`` is the library's own backoff (:class:`~askonce.core.backoff.Backoff`, which every
-    ``RetryState`` uses); ``no-jitter`` is the same capped exponential without the random draw. A
-    conflict is the callers' own doing, not the target's ill health, so no bucket or breaker is involved."""
+    ``full-jitter`` is the library's own backoff (:class:`~askonce.core.backoff.Backoff`, which
+    every ``RetryState`` uses); ``no-jitter`` is the same capped exponential without the random
+    draw. A conflict is the callers' own doing, not the target's ill health, so no bucket or breaker
+    is involved."""
     rows: list[Row] = []
-    # One question per client, a microsecond apart: all at once, in effect. The half step keeps float
-    # rounding of the issue times from letting one more question in.
-    world = World(depth=1, clients=clients, rate=1e6, even=True, duration=(clients - 0.5) / 1e6, deadline=3600.0,
-                  latency=0.0, service=service, contention=True, settle=0.0)
+    # One question per client, a microsecond apart: all at once, in effect. The half step keeps
+    # float rounding of the issue times from letting one more question in.
+    world = World(depth=1, clients=clients, rate=1e6, even=True, duration=(clients - 0.5) / 1e6,
+                  deadline=3600.0, latency=0.0, service=service, contention=True, settle=0.0)
     for name in policies:
-        _emit(rows, run_one("jitter", name, world, knobs, seed, {"clients": clients, "service_s": service}), progress)
+        _emit(rows, run_one("jitter", name, world, knobs, seed,
+                            {"clients": clients, "service_s": service}), progress)
     return rows
 
 
 SCENARIOS: dict[str, Callable[..., list[Row]]] = {
-    "depth": depth, "transient": transient, "clients": clients, "overload": overload, "jitter": jitter,
+    "depth": depth, "transient": transient, "clients": clients, "overload": overload,
+    "jitter": jitter,
 }

@@ -1,4 +1,4 @@
-"""What a simulation runs and what it counts: the policy of the stack, the world it runs in, raw counts.
+"""What a simulation runs and what it counts: the stack's policy, the world it runs in, raw counts.
 
 Both configurations are frozen and validated (``ValueError``); :class:`Stats` is filled by
 :class:`askonce.sim.model.Sim` and turned into figures by :func:`askonce.sim.scenarios.summarise`.
@@ -17,7 +17,7 @@ from askonce.core.wire import MAX_ATTEMPT, MAX_BUDGET, MAX_HOPS, Limits, valid_n
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """What every layer of a simulated stack does about failures (the presets are in ``scenarios``)."""
+    """What every layer of a simulated stack does about failures (presets: ``scenarios``)."""
 
     name: str
     attempts: int = 3  # per layer
@@ -27,7 +27,7 @@ class Policy:
     bucket: BucketPolicy | None = None  # a retry token bucket per layer instance
     breaker: BreakerPolicy | None = None  # a circuit breaker per layer instance...
     breaker_everywhere: bool = True  # ...on every layer, or only on the layer nearest the target
-    shared: bool = False  # layer 1's bucket and breaker shared by every client (a fleet-wide store)
+    shared: bool = False  # layer 1's bucket and breaker shared by every client (fleet-wide store)
     shed: bool = False  # the target refuses, and cancels, work past the propagated deadline
     grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)
 
@@ -42,7 +42,8 @@ class Policy:
             raise ValueError(f"grace must be within 0..10 s, got {self.grace!r}")
 
 
-MAX_QUESTIONS = 100_000_000  # per run (rate x duration): beyond it a run takes hours and memory without end
+# Per run (rate x duration): beyond it a run takes hours and memory without end.
+MAX_QUESTIONS = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class World:
     clients: int = 100
     rate: float = 1000.0  # questions per second, all clients together
     duration: float = 60.0  # questions are issued in [0, duration)
-    even: bool = False  # evenly spaced questions, round-robin over clients, instead of a Poisson stream
+    even: bool = False  # evenly spaced questions, round-robin over clients, not a Poisson stream
     deadline: float = 3.0  # the question's deadline; success is counted only within it
     timeout: float | None = None  # per-attempt timeout at every layer
     latency: float = 0.001  # one-way delay of every hop
@@ -62,9 +63,9 @@ class World:
     error_rate: float = 0.0  # each arrival fails independently with this probability
     outage: tuple[float, float] | None = None  # every arrival in [start, end) fails
     cut: tuple[float, float, float] | None = None  # (start, end, factor): capacity times factor
-    contention: bool = False  # one shared record: an arrival while a write is in progress conflicts
+    contention: bool = False  # one shared record: an arrival during a write conflicts
     horizon: float | None = None  # stop here; None: run until every question is done
-    settle: float = 5.0  # questions minted before this are left out of the steady-state figures
+    settle: float = 5.0  # questions minted before this are left out of the steady figures
     bin: float = 1.0  # seconds per bin of the time series
     limits: Limits = field(default_factory=Limits)
 
@@ -75,10 +76,12 @@ class World:
             raise ValueError(f"clients must be within 1..1000000, got {self.clients!r}")
         for name in ("rate", "duration", "deadline", "bin"):
             if not 0 < getattr(self, name) < float("inf"):
-                raise ValueError(f"{name} must be a positive finite number, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be a positive finite number, "
+                                 f"got {getattr(self, name)!r}")
         for name in ("latency", "service", "settle"):
             if not 0 <= getattr(self, name) < float("inf"):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be a finite number >= 0, "
+                                 f"got {getattr(self, name)!r}")
         if self.timeout is not None and not 0 < self.timeout < float("inf"):
             raise ValueError(f"timeout must be None or positive, got {self.timeout!r}")
         if self.servers is not None and not 1 <= self.servers <= 1_000_000:
@@ -105,21 +108,24 @@ class Question(Protocol):
 class Stats:
     """Raw counts of one run; ``scenarios.summarise`` turns them into figures."""
 
-    __slots__ = ("answered", "arrival_bins", "arrivals", "bin", "busy", "goodput_bins", "hist", "issued", "last_ok",
-                 "latency_ms", "ok", "settle", "shed", "steady", "trace", "unfinished", "wasted")  # fmt: skip
+    __slots__ = ("answered", "arrival_bins", "arrivals", "bin", "busy", "goodput_bins", "hist",
+                 "issued", "last_ok", "latency_ms", "ok", "settle", "shed", "steady", "trace",
+                 "unfinished", "wasted")  # fmt: skip
 
     def __init__(self, world: World) -> None:
         self.bin = world.bin
         self.settle = world.settle
         self.issued = self.answered = self.ok = self.arrivals = self.shed = self.unfinished = 0
         self.last_ok = 0.0  # when the last success within the deadline came back
-        self.busy = self.wasted = 0.0  # seconds of target work, and of work for callers who had gone
+        # Seconds of target work, and of work for callers who had gone.
+        self.busy = self.wasted = 0.0
         self.hist: dict[int, int] = {}  # arrivals at the target -> questions, every question
         self.steady: dict[int, int] = {}  # the same, for questions minted after ``settle``
         self.latency_ms: dict[int, int] = {}  # successes by whole milliseconds
         self.goodput_bins: list[int] = []  # successes within the deadline, by completion time
         self.arrival_bins: list[int] = []
-        self.trace: list[tuple[float, int]] | None = None  # (minted at, arrivals) per question, if asked for
+        # (minted at, arrivals) per question, if asked for.
+        self.trace: list[tuple[float, int]] | None = None
 
     @staticmethod
     def _bump(bins: list[int], i: int) -> None:
