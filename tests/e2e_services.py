@@ -1,4 +1,4 @@
-"""The end-to-end stack of ``test_e2e_stack.py``: four real servers on 127.0.0.1, each in a thread.
+"""The end-to-end stack of ``integrations/test_e2e_stack.py``: four real servers on 127.0.0.1, each in a thread.
 
 ::
 

@@ -1,0 +1,677 @@
+"""The ASGI middleware under a real uvicorn serving FastAPI, driven by a real httpx client over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import BackgroundTasks, FastAPI, Request
+
+import askonce
+from askonce import NO_WAIT, Limits, Reply
+from askonce.core import wire
+from askonce.core.ledger import Kind, Ledger, LedgerPolicy
+from askonce.errors import attach_reply
+from askonce.integrations._server import path_template
+from askonce.integrations.asgi import LEDGER_LOCK, AskonceASGIMiddleware, note_failure
+
+DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
+
+
+class Probe:
+    """What the handlers saw, shared between uvicorn's thread and the test."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.seen: dict[str, Any] = {}
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def event(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._events.setdefault(name, threading.Event())
+
+
+def seen() -> dict[str, Any]:
+    q = askonce.current()
+    assert q is not None
+    return {"key": q.key, "origin": q.origin, "edge": q.edge, "budget": q.budget,
+            "remaining": q.remaining(askonce.context.monotonic()), "path": [str(h) for h in q.path]}
+
+
+def make_app(probe: Probe) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/items/{item_id}")
+    async def item(item_id: int) -> dict[str, Any]:
+        probe.calls["items"] += 1
+        return seen()
+
+    @app.get("/spend")
+    async def spend() -> dict[str, Any]:
+        failures = iter([ConnectionError("once")])
+
+        @askonce.retry(on=ConnectionError, layer="api-db", backoff=NO_WAIT, bucket=None)
+        async def db() -> None:
+            for exc in failures:
+                raise exc
+
+        await db()
+        return seen()
+
+    @app.get("/exhaust")
+    async def exhaust() -> None:
+        probe.calls["exhaust"] += 1
+
+        @askonce.retry(on=ConnectionError, layer="api-db", backoff=NO_WAIT, bucket=None)
+        async def db() -> None:
+            raise ConnectionError("down")
+
+        await db()
+
+    @app.get("/pushback")
+    async def pushback() -> None:
+        raise askonce.DoNotRetry("callee overloaded", reply=Reply(0, True, "overloaded", 2.5), layer="api",
+                                 key=None, attempts=1)
+
+    @app.get("/foreign")
+    async def foreign() -> None:
+        exc = RuntimeError("a client library's own error, with the reply attached by askonce")
+        attach_reply(exc, Reply(1, True, "overloaded"))
+        raise exc
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a plain bug")
+
+    @app.get("/slow")
+    async def slow(id: str) -> str:
+        probe.event(f"{id}.started").set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            probe.event(f"{id}.cancelled").set()
+            raise
+        probe.event(f"{id}.done").set()
+        return "done"
+
+    @app.get("/background")
+    async def background(tasks: BackgroundTasks) -> dict[str, Any]:
+        async def later() -> None:
+            probe.seen["background"] = seen()["key"]
+            probe.event("background").set()
+
+        child = await asyncio.create_task(asyncio.sleep(0, result=seen()["key"]))
+        tasks.add_task(later)
+        return {"handler": seen()["key"], "task": child}
+
+    @app.post("/upload")
+    async def upload(request: Request, wait: float = 0.0) -> str:
+        await asyncio.sleep(wait)  # past WATCH_AFTER the body comes through the disconnect watcher
+        return hashlib.sha256(await request.body()).hexdigest()
+
+    @app.post("/ignore-body")
+    async def ignore_body() -> str:
+        await asyncio.sleep(0.05)  # long enough for a read-ahead to have asked for the body
+        return "no thanks"
+
+    return app
+
+
+@contextlib.contextmanager
+def running(app: Any) -> Iterator[str]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    limit = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < limit, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+class Stack:
+    def __init__(self, url: str, probe: Probe, ledger: Ledger) -> None:
+        self.client = httpx.Client(base_url=url, timeout=5.0)
+        self.url = url
+        self.probe = probe
+        self.ledger = ledger
+
+    def report(self, operation: str) -> Any:
+        with LEDGER_LOCK:
+            return self.ledger.report(time.time()).find(operation)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Stack]:
+    """FastAPI with the middleware added the usual way (inside Starlette, so scope["app"] is set)."""
+    probe = Probe()
+    ledger = Ledger(LedgerPolicy(window=DAY, cap=2))
+    app = make_app(probe)
+    app.add_middleware(AskonceASGIMiddleware, layer="api", limits=Limits(max_budget=3, max_deadline=10.0),
+                       ledger=ledger, principal=lambda scope: dict(scope["headers"]).get(b"x-tenant", b"").decode())
+    with running(app) as url:
+        stack = Stack(url, probe, ledger)
+        with stack.client:
+            yield stack
+
+
+@pytest.fixture(scope="module")
+def edge() -> Iterator[Stack]:
+    """The same app wrapped from outside, as an originator: no scope["app"] before routing."""
+    probe = Probe()
+    ledger = Ledger(LedgerPolicy(window=DAY))
+    app = AskonceASGIMiddleware(make_app(probe), layer="edge", originator=True, ledger=ledger)
+    with running(app) as url:
+        stack = Stack(url, probe, ledger)
+        with stack.client:
+            yield stack
+
+
+def question(budget: int = 2, deadline_ms: int | None = 5000, key: str | None = None) -> dict[str, str]:
+    value = wire.format_question(key or askonce.new_key(), "edge", True, budget,
+                                 None if deadline_ms is None else deadline_ms / 1000, (askonce.Hop("edge", 1),))
+    return {askonce.QUESTION_HEADER: value}
+
+
+def reply(response: httpx.Response) -> Reply:
+    parsed = wire.parse_reply(response.headers[askonce.REPLY_HEADER])
+    assert isinstance(parsed, Reply), parsed
+    return parsed
+
+
+# --- the question in, the reply out -----------------------------------------------------------------
+
+
+def test_the_handler_sees_the_question_that_was_sent(api: Stack) -> None:
+    headers = question(budget=2)
+    r = api.client.get("/items/1", headers=headers)
+    assert r.status_code == 200
+    got = r.json()
+    assert askonce.extract(headers) is not None
+    assert got["key"] == wire.parse_question(headers[askonce.QUESTION_HEADER], 0.0).key  # type: ignore[union-attr]
+    assert (got["origin"], got["edge"], got["budget"], got["path"]) == ("edge", True, 2, ["edge:1"])
+    assert 0 < got["remaining"] <= 5.0
+    assert reply(r) == Reply(2)
+
+
+def test_budget_and_deadline_are_clamped_to_the_layers_limits(api: Stack) -> None:
+    got = api.client.get("/items/1", headers=question(budget=50, deadline_ms=3_600_000)).json()
+    assert got["budget"] == 3
+    assert 0 < got["remaining"] <= 10.0
+
+
+def test_a_malformed_header_is_counted_treated_as_absent_and_recorded(api: Stack) -> None:
+    before = askonce.stats().get("malformed.question.key", 0)
+    op_before = api.report("GET /items/{item_id}")
+    r = api.client.get("/items/3", headers={askonce.QUESTION_HEADER: 'v=1, k="short", o=edge, b=2'})
+    assert r.status_code == 200
+    got = r.json()
+    assert (got["origin"], got["edge"]) == ("api", False)  # a local key minted here, not the bad one
+    assert askonce.stats()["malformed.question.key"] == before + 1
+    malformed_before = 0 if op_before is None else op_before.kinds[Kind.MALFORMED]
+    assert api.report("GET /items/{item_id}").kinds[Kind.MALFORMED] == malformed_before + 1
+
+
+def test_absent_question_mints_a_local_key_here_and_an_edge_key_at_an_originator(api: Stack, edge: Stack) -> None:
+    local = api.client.get("/items/1").json()
+    assert (local["origin"], local["edge"], local["budget"], local["path"]) == ("api", False, 2, [])
+    minted = edge.client.get("/items/1").json()
+    assert (minted["origin"], minted["edge"]) == ("edge", True)
+    assert len(minted["key"]) == 36 and minted["key"] != local["key"]
+    assert 29 < minted["remaining"] <= 30.0  # the layer's default deadline for questions it mints
+
+
+def test_the_reply_carries_what_is_left_after_a_retry_inside_the_handler(api: Stack) -> None:
+    r = api.client.get("/spend", headers=question(budget=3))
+    assert r.status_code == 200
+    assert r.json()["budget"] == 2
+    assert reply(r) == Reply(2)
+
+
+def test_contextvars_reach_tasks_and_background_work(api: Stack) -> None:
+    headers = question()
+    key = askonce.extract(headers).key  # type: ignore[union-attr]
+    got = api.client.get("/background", headers=headers).json()
+    assert got == {"handler": key, "task": key}
+    assert api.probe.event("background").wait(5)
+    assert api.probe.seen["background"] == key
+
+
+# --- failures -----------------------------------------------------------------------------------------
+
+
+def test_budget_exhausted_downstream_answers_503_do_not_retry(api: Stack) -> None:
+    r = api.client.get("/exhaust", headers=question(budget=0))
+    assert r.status_code == 503
+    assert reply(r) == Reply(0, True, "exhausted")
+    assert "retry-after" not in r.headers
+
+
+def test_pushback_becomes_retry_after(api: Stack) -> None:
+    r = api.client.get("/pushback", headers=question(budget=2))
+    assert r.status_code == 503
+    assert r.headers["retry-after"] == "3"
+    assert reply(r) == Reply(0, True, "overloaded", 2.5)
+
+
+def test_any_exception_carrying_a_reply_is_answered_503(api: Stack) -> None:
+    r = api.client.get("/foreign", headers=question(budget=2))
+    assert r.status_code == 503
+    assert reply(r) == Reply(1, True, "overloaded")
+
+
+def test_a_plain_exception_is_left_to_the_framework(api: Stack) -> None:
+    # uvicorn closes the connection after an app exception: a connection of its own, not the shared one
+    r = httpx.get(api.url + "/boom", headers=question(), timeout=5.0)
+    assert r.status_code == 500
+
+
+# --- deadline shedding and cancellation -----------------------------------------------------------
+
+
+def test_an_arrival_past_its_deadline_is_refused_before_the_handler_runs(api: Stack) -> None:
+    before = api.probe.calls["items"]
+    r = api.client.get("/items/5", headers=question(budget=2, deadline_ms=0))
+    assert r.status_code == 503
+    assert reply(r) == Reply(2, True, "deadline")
+    assert api.probe.calls["items"] == before
+
+
+def test_a_handler_still_running_at_the_deadline_is_cancelled(api: Stack) -> None:
+    r = api.client.get("/slow", params={"id": "deadline"}, headers=question(deadline_ms=300))
+    assert r.status_code == 503
+    assert reply(r) == Reply(2, True, "deadline")
+    assert api.probe.event("deadline.cancelled").wait(5)
+    assert not api.probe.event("deadline.done").is_set()
+
+
+def test_a_client_that_disconnects_cancels_its_handler(api: Stack) -> None:
+    before = askonce.stats().get("server.cancelled.disconnect", 0)
+    port = int(api.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /slow?id=gone HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert api.probe.event("gone.started").wait(5)
+    assert api.probe.event("gone.cancelled").wait(5)
+    assert not api.probe.event("gone.done").is_set()
+    assert askonce.stats()["server.cancelled.disconnect"] == before + 1
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.2])
+def test_request_bodies_still_reach_the_app(api: Stack, wait: float) -> None:
+    body = bytes(range(256)) * 1200  # several receive() messages
+    r = api.client.post("/upload", params={"wait": wait}, content=body, headers=question())
+    assert r.json() == hashlib.sha256(body).hexdigest()
+    assert reply(r) == Reply(2)
+
+
+def test_expect_100_continue_is_left_to_the_app(api: Stack) -> None:
+    port = int(api.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST /ignore-body HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head  # no "100 Continue": the app never asked for the body
+
+
+# --- the ledger -----------------------------------------------------------------------------------------
+
+
+def test_over_the_cap_is_answered_429_without_running_the_handler(api: Stack) -> None:
+    headers = question(budget=2)
+    before = api.probe.calls["items"]
+    codes = [api.client.get("/items/9", headers={**headers, "x-tenant": "a"}).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert api.probe.calls["items"] == before + 2
+    r = api.client.get("/items/9", headers={**headers, "x-tenant": "a"})
+    assert reply(r) == Reply(2, True, "cap")
+    # the same key under another principal is another question
+    assert api.client.get("/items/9", headers={**headers, "x-tenant": "b"}).status_code == 200
+
+
+def test_the_operation_is_the_route_template_not_the_raw_path(api: Stack, edge: Stack) -> None:
+    for stack in (api, edge):
+        before = stack.report("GET /items/{item_id}")
+        n = 0 if before is None else before.arrivals
+        for item in (42, 43):
+            stack.client.get(f"/items/{item}", headers=question())
+        assert stack.report("GET /items/{item_id}").arrivals == n + 2
+        assert stack.report("GET /items/42") is None
+    assert api.client.get("/nowhere/42").status_code == 404
+    assert api.report("GET ~unmatched") is not None
+
+
+def test_an_edge_key_that_arrives_is_attributable(edge: Stack) -> None:
+    before = edge.report("GET /items/{item_id}")
+    attributable = 0 if before is None else before.attributable
+    edge.client.get("/items/1", headers=question())
+    assert edge.report("GET /items/{item_id}").attributable == attributable + 1
+
+
+def test_the_fallback_operation_name_replaces_ids() -> None:
+    assert path_template("GET", "/users/42/orders/0b0e5f2c-4c9f-4a57-9b52-6b0e1f7f3b11") == \
+        "GET /users/{id}/orders/{id}"
+    assert path_template("DELETE", "/keys/01HZY3M4ZK2V7ZQ9P0A1B2C3D4/") == "DELETE /keys/{id}/"
+    assert path_template("GET", "/internationalization-settings") == "GET /internationalization-settings"
+    assert len(path_template("GET", "/" + "a" * 10_000)) <= 160
+
+
+# --- in-process: scopes other than http, and options ----------------------------------------------------
+
+
+async def test_non_http_scopes_pass_through_untouched() -> None:
+    calls: list[tuple[Any, Any, Any]] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        calls.append((scope, receive, send))
+
+    mw = AskonceASGIMiddleware(inner, layer="api", ledger=Ledger())
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Any) -> None:
+        raise AssertionError("the middleware must not send anything itself")
+
+    for scope in ({"type": "lifespan", "asgi": {"version": "3.0"}},
+                  {"type": "websocket", "path": "/ws", "headers": list(question().items())}):
+        await mw(scope, receive, send)
+        assert calls[-1][0] is scope and calls[-1][1] is receive and calls[-1][2] is send
+        assert scope.keys() <= {"type", "asgi", "path", "headers"}
+
+
+class Exchange:
+    """A server's side of one in-process request: a receive that waits like uvicorn's, a recording send."""
+
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        self.scope = {"type": "http", "method": "GET", "path": "/", "headers": [
+            (k.encode(), v.encode()) for k, v in (headers or {}).items()]}
+        self.sent: list[dict[str, Any]] = []
+        self.body_sent = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.body_sent:
+            self.body_sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.sleep(3600)  # until the response is complete or the client goes away
+        raise AssertionError("unreachable")
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+
+async def sleepy(scope: Any, receive: Any, send: Any) -> None:
+    await asyncio.sleep(0.2)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_a_minted_deadline_does_not_cancel_the_handler() -> None:
+    # Only a deadline the caller sent says when the caller stops listening; a minted one bounds retries.
+    mw = AskonceASGIMiddleware(sleepy, layer="api", deadline=0.01)
+    ex = Exchange()
+    await mw(ex.scope, ex.receive, ex.send)
+    assert ex.sent[0]["status"] == 200
+
+
+async def test_a_cancellation_from_the_server_is_never_swallowed() -> None:
+    mw = AskonceASGIMiddleware(sleepy, layer="api")
+    ex = Exchange(question(deadline_ms=1000))
+    task = asyncio.create_task(mw(ex.scope, ex.receive, ex.send))
+    await asyncio.sleep(0.05)
+    task.cancel()  # e.g. the server shutting down, before the deadline
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ex.sent == []
+
+
+async def test_a_cancellation_from_the_server_after_the_deadline_is_not_swallowed_either() -> None:
+    async def stubborn(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            await asyncio.sleep(1)  # cleanup during which the server cancels as well
+            raise
+
+    mw = AskonceASGIMiddleware(stubborn, layer="api")
+    ex = Exchange(question(deadline_ms=50))
+    task = asyncio.create_task(mw(ex.scope, ex.receive, ex.send))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("options", [
+    {"layer": ""}, {"layer": "no spaces"}, {"layer": "x" * 40}, {"budget": -1}, {"budget": 1001},
+    {"budget": True}, {"deadline": 0}, {"deadline": 100_000}, {"limits": {"max_budget": 3}},
+    {"ledger": object()}, {"principal": "tenant"}, {"operation": 3}, {"originator": "yes"},
+    {"shed_deadline": 1}, {"cancel_on_disconnect": None},
+])
+def test_bad_options_are_refused_with_value_error(options: dict[str, Any]) -> None:
+    async def inner(scope: Any, receive: Any, send: Any) -> None: ...
+
+    with pytest.raises(ValueError):
+        AskonceASGIMiddleware(inner, **{"layer": "api", **options})
+
+
+async def test_an_app_that_swallows_the_deadline_cancellation_is_still_answered_503() -> None:
+    async def swallower(scope: Any, receive: Any, send: Any) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1)
+
+    mw = AskonceASGIMiddleware(swallower, layer="api")
+    ex = Exchange(question(deadline_ms=50))
+    await mw(ex.scope, ex.receive, ex.send)
+    assert ex.sent[0]["status"] == 503
+    assert (askonce.REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_noted_give_up_replaces_the_frameworks_own_500() -> None:
+    # What Django's ASGI handler does: catch, answer 500 itself; its signal hook calls note_failure.
+    async def converts(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            raise askonce.CircuitOpen("open", reply=Reply(0, True, "breaker-open", 1.5), layer="db", key=None,
+                                      attempts=1)
+        except askonce.GaveUp as exc:
+            note_failure(exc)
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"oops!"})
+
+    mw = AskonceASGIMiddleware(converts, layer="api")
+    ex = Exchange(question(budget=2))
+    await mw(ex.scope, ex.receive, ex.send)
+    assert [m["type"] for m in ex.sent] == ["http.response.start", "http.response.body"]
+    assert ex.sent[0]["status"] == 503
+    headers = dict(ex.sent[0]["headers"])
+    assert headers[b"retry-after"] == b"2"
+    assert headers[askonce.REPLY_HEADER.encode()] == b"v=1, b=0, dnr, r=breaker-open, pb=1500"
+    assert ex.sent[1]["body"] == b"askonce: breaker-open\n"
+
+
+async def test_an_asgi_give_up_after_the_response_started_is_not_counted_as_a_503() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise askonce.BudgetExhausted("spent", reply=Reply(0, True, "exhausted"), layer="db", key=None, attempts=3)
+
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    before = askonce.stats()
+    with pytest.raises(askonce.BudgetExhausted):  # too late for a 503: the server cuts the response
+        await AskonceASGIMiddleware(app, layer="api")({"type": "http", "method": "GET", "path": "/", "headers": []},
+                                                      receive, send)
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200]
+    assert askonce.stats().get("server.gave-up.exhausted", 0) == before.get("server.gave-up.exhausted", 0)
+
+
+# --- signed edge keys and thread-safe ledgers -----------------------------------------------------------
+
+SECRET = b"0123456789abcdef0123"
+OLD_SECRET = "an older secret, still accepted"
+
+
+class LockProbe:
+    """A ledger that says whether the process-wide LEDGER_LOCK was held while it recorded."""
+
+    def __init__(self, thread_safe: bool) -> None:
+        if thread_safe:
+            self.thread_safe = True
+        self.inner = Ledger(LedgerPolicy(window=DAY))
+        self.held: list[bool] = []
+
+    def record(self, now: float, operation: str, **kw: Any) -> bool:
+        self.held.append(LEDGER_LOCK.locked())
+        return self.inner.record(now, operation, **kw)
+
+
+def signed_question(secret: bytes | str | None) -> dict[str, str]:
+    key = askonce.new_key()
+    sig = None if secret is None else askonce.signing.mac(key, secret)
+    return {askonce.QUESTION_HEADER: wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("edge", 1),), sig)}
+
+
+def test_an_edge_key_that_does_not_verify_is_recorded_as_unsigned_not_attributable() -> None:
+    ledger = Ledger(LedgerPolicy(window=DAY))
+    app = AskonceASGIMiddleware(make_app(Probe()), layer="target", ledger=ledger, edge_secret=[SECRET, OLD_SECRET])
+    before = askonce.stats().get("ledger.edge.unsigned", 0)
+    with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
+        signed, old = signed_question(SECRET), signed_question(OLD_SECRET)
+        forged = signed_question(b"not the originators' secret!")
+        for headers in (signed, old, forged, signed_question(None)):
+            r = client.get("/items/1", headers=headers)
+            assert r.status_code == 200
+            assert r.json()["edge"] is True  # the handler sees the question as it came; only the ledger judges
+    with LEDGER_LOCK:
+        op = ledger.report(time.time()).find("GET /items/{item_id}")
+    assert op.attributable == 2  # signed with the current secret, and with the older one still accepted
+    assert op.kinds[Kind.REMINTED] == 2 and op.reminted_by == {"~unsigned": 2}
+    assert askonce.stats()["ledger.edge.unsigned"] == before + 2
+
+
+def test_an_originator_with_an_edge_secret_signs_the_keys_it_mints() -> None:
+    seen_sigs: list[Any] = []
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        q = askonce.current()
+        assert q is not None
+        seen_sigs.append((q.key, q.edge, q.sig))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = AskonceASGIMiddleware(handler, layer="web", originator=True, edge_secret=(SECRET, OLD_SECRET))
+    with running(app) as url:
+        assert httpx.get(url + "/", timeout=5.0).status_code == 200
+        assert httpx.get(url + "/", headers={askonce.QUESTION_HEADER: "v=9"}, timeout=5.0).status_code == 200
+    for key, edge, sig in seen_sigs:  # minted with nothing sent, and in place of a malformed question
+        assert edge and askonce.signing.verify_key(key, sig, SECRET)
+        assert not askonce.signing.verify_key(key, sig, OLD_SECRET)  # the first secret signs
+
+
+@pytest.mark.parametrize("thread_safe", [False, True])
+def test_a_thread_safe_ledger_is_called_without_the_process_wide_lock(thread_safe: bool) -> None:
+    ledger = LockProbe(thread_safe)
+    app = AskonceASGIMiddleware(make_app(Probe()), layer="target", ledger=ledger)  # type: ignore[arg-type]
+    with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
+        for headers in (question(), {}):  # a keyed arrival, and an unkeyed one
+            assert client.get("/items/1", headers=headers).status_code == 200
+    assert ledger.held == [not thread_safe] * 2
+
+
+@pytest.mark.parametrize("secret", [b"short", "", [], [SECRET, b"short"], 42, [42]])
+def test_a_bad_edge_secret_is_refused_with_value_error(secret: Any) -> None:
+    async def inner(scope: Any, receive: Any, send: Any) -> None: ...
+
+    with pytest.raises(ValueError, match="edge_secret"):
+        AskonceASGIMiddleware(inner, layer="api", edge_secret=secret)
+
+
+# --- timers: one sweep per event loop -----------------------------------------------------------------
+
+
+async def test_quick_requests_leave_no_timer_behind_and_slow_ones_are_still_cancelled_at_the_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+    mw = AskonceASGIMiddleware(sleepy, layer="api")
+
+    async def quick(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    fast = AskonceASGIMiddleware(quick, layer="api")
+    for _ in range(50):  # a deadline seconds away: nothing to arm for a request that is done at once
+        ex = Exchange(question(deadline_ms=5000))
+        await fast(ex.scope, ex.receive, ex.send)
+        assert ex.sent[0]["status"] == 200
+    assert len(loop._scheduled) <= scheduled + 1  # type: ignore[attr-defined]  # the one sweep of the loop
+    ex = Exchange(question(deadline_ms=120))  # armed when the sweep comes by, 50-60 ms in
+    started = loop.time()
+    await mw(ex.scope, ex.receive, ex.send)
+    assert ex.sent[0]["status"] == 503  # before sleepy's 0.2 s were up
+    assert loop.time() - started >= 0.11  # and not before the deadline
+    assert (askonce.REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+
+
+def test_a_loop_stopped_with_requests_queued_for_the_sweep_can_be_collected() -> None:
+    import gc
+    import weakref
+
+    async def hang(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(3600)
+
+    mw = AskonceASGIMiddleware(hang, layer="api")
+    loop = asyncio.new_event_loop()
+    ex = Exchange(question(deadline_ms=60_000))
+    task = loop.create_task(mw(ex.scope, ex.receive, ex.send))
+    loop.run_until_complete(asyncio.sleep(0.01))  # the request is running and queued for the sweep
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        loop.run_until_complete(task)
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop, task
+    gc.collect()
+    assert ref() is None
+
+
+async def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
+    import gc
+
+    async def quick(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = AskonceASGIMiddleware(quick, layer="api", ledger=Ledger(LedgerPolicy(window=DAY)))
+    await asyncio.create_task(mw(*_args(Exchange(question()))))
+    gc.collect()
+    gc.disable()
+    try:
+        for headers in (question(), {}, {askonce.QUESTION_HEADER: "v=1, k=nope"}, question(deadline_ms=0)):
+            await asyncio.create_task(mw(*_args(Exchange(headers))))  # a task per request, as servers run them
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+def _args(ex: Exchange) -> tuple[Any, Any, Any]:
+    return ex.scope, ex.receive, ex.send
