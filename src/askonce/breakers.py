@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from types import TracebackType
-from typing import Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 from weakref import WeakKeyDictionary
 
 from askonce import context
+from askonce._loop import ATTEMPT, IO, Step, aadvance, advance, no_sleep
 from askonce.context import count
 from askonce.core import is_int
 from askonce.core.breaker import BreakerPolicy, State, Transition
@@ -94,30 +96,26 @@ def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
                        attempts=0, retry_at=retry_at)
 
 
-def _admit(b: CircuitBreaker, now: float | None) -> float:
-    """The start of one call through ``b``, or ``CircuitOpen`` while it is open: what the guard's entry decides."""
-    if now is None:
-        now = b.clock()
-    if not b.handle.allow(now):
-        raise open_error(b.target, now, b.handle.retry_at())
-    return now
-
-
-def _settle(b: CircuitBreaker, start: float, exc: BaseException | None) -> None:
-    """What the call that began at ``start`` says of the target: a success, a failure, or no verdict."""
-    end = b.clock()
-    if end < start:  # a clock that stepped back: no negative durations
-        end = start
+def _through(b: CircuitBreaker | AsyncCircuitBreaker,
+             now: float | None) -> Generator[Step, BaseException | None, None]:
+    """One call through ``b`` as the one loop's steps: ``CircuitOpen`` while open, else the call
+    (sent back: the exception it raised, or ``None``) and its verdict: a success, a failure, or none."""
+    start = b.clock() if now is None else now
+    handle: Any = b.handle
+    if not (yield IO, partial(handle.allow, start)):
+        raise open_error(b.target, start, handle.retry_at())
+    exc = yield ATTEMPT, None
+    end = max(start, b.clock())  # a clock that stepped back: no negative durations
     if exc is None:
-        b.handle.record(end, success=True, duration=end - start)
+        yield IO, partial(handle.record, end, success=True, duration=end - start)
     elif _judged_failure(b.is_failure, exc):
-        b.handle.record(end, success=False, duration=end - start)
+        yield IO, partial(handle.record, end, success=False, duration=end - start)
     else:
-        b.handle.release(end)
+        yield IO, partial(handle.release, end)
 
 
 def _judged_failure(judge: Callable[[BaseException], bool], exc: BaseException) -> bool:
-    """``is_failure(exc)``; one that raises judges a failure (counted): the call's slot must still be settled."""
+    """``is_failure(exc)``; one that raises judges a failure (counted): the slot must be settled."""
     try:
         return bool(judge(exc))
     except Exception:
@@ -125,68 +123,32 @@ def _judged_failure(judge: Callable[[BaseException], bool], exc: BaseException) 
         return True
 
 
-async def _admit_async(b: AsyncCircuitBreaker, now: float | None) -> float:
-    """:func:`_admit` over an asyncio handle."""
-    if now is None:
-        now = b.clock()
-    if not await b.handle.allow(now):
-        raise open_error(b.target, now, b.handle.retry_at())
-    return now
-
-
-async def _settle_async(b: AsyncCircuitBreaker, start: float, exc: BaseException | None) -> None:
-    """:func:`_settle` over an asyncio handle."""
-    end = b.clock()
-    if end < start:
-        end = start
-    if exc is None:
-        await b.handle.record(end, success=True, duration=end - start)
-    elif _judged_failure(b.is_failure, exc):
-        await b.handle.record(end, success=False, duration=end - start)
-    else:
-        await b.handle.release(end)
-
-
 class _Guard:
-    """One call through a sync breaker: ``with`` or ``async with`` (the handle itself never awaits)."""
+    """One call through a breaker: ``with`` (a sync handle) or ``async with`` (either kind)."""
 
-    __slots__ = ("_breaker", "_now", "_start")
+    __slots__ = ("_breaker", "_loop", "_now")
 
-    def __init__(self, breaker: CircuitBreaker, now: float | None) -> None:
+    def __init__(self, breaker: CircuitBreaker | AsyncCircuitBreaker, now: float | None) -> None:
         self._breaker = breaker
         self._now = now
-        self._start = 0.0
 
     def __enter__(self) -> _Guard:
-        self._start = _admit(self._breaker, self._now)
+        self._loop = _through(self._breaker, self._now)
+        advance(self._loop, None, no_sleep)
         return self
 
-    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        _settle(self._breaker, self._start, exc)
+    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        advance(self._loop, exc, no_sleep)
 
     async def __aenter__(self) -> _Guard:
-        return self.__enter__()
-
-    async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(t, exc, tb)
-
-
-class _AsyncGuard:
-    __slots__ = ("_breaker", "_now", "_start")
-
-    def __init__(self, breaker: AsyncCircuitBreaker, now: float | None) -> None:
-        self._breaker = breaker
-        self._now = now
-        self._start = 0.0
-
-    async def __aenter__(self) -> _AsyncGuard:
-        self._start = await _admit_async(self._breaker, self._now)
+        self._loop = _through(self._breaker, self._now)
+        await aadvance(self._loop, None, no_sleep)
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await _settle_async(self._breaker, self._start, exc)
+        await aadvance(self._loop, exc, no_sleep)
 
 
 class CircuitBreaker:
@@ -207,18 +169,19 @@ class CircuitBreaker:
         return _Guard(self, now)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``fn(*args, **kwargs)`` through the breaker: what ``with breaker.guard(): fn(...)`` does, cheaper.
+        """``fn(*args, **kwargs)`` through the breaker, as ``with breaker.guard(): fn(...)`` does.
 
-        Raises ``CircuitOpen`` (without calling ``fn``) while open; otherwise returns what ``fn`` returns,
-        or lets its exception through after recording it as ``is_failure`` says.
+        Raises ``CircuitOpen`` (without calling ``fn``) while open; otherwise returns what ``fn``
+        returns, or lets its exception through after recording it as ``is_failure`` says.
         """
-        start = _admit(self, None)
+        loop = _through(self, None)
+        advance(loop, None, no_sleep)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _settle(self, start, exc)
+            advance(loop, exc, no_sleep)
             raise
-        _settle(self, start, None)
+        advance(loop, None, no_sleep)
         return result
 
     def state(self, now: float | None = None) -> State:
@@ -241,19 +204,20 @@ class AsyncCircuitBreaker:
         self.clock = clock
         self.is_failure = is_failure
 
-    def guard(self, now: float | None = None) -> _AsyncGuard:
+    def guard(self, now: float | None = None) -> _Guard:
         """``async with breaker.guard(): await call()``."""
-        return _AsyncGuard(self, now)
+        return _Guard(self, now)
 
     async def call(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``await fn(*args, **kwargs)`` through the breaker, as ``async with breaker.guard()`` would."""
-        start = await _admit_async(self, None)
+        """``await fn(*args, **kwargs)`` through the breaker, as ``async with breaker.guard()``."""
+        loop = _through(self, None)
+        await aadvance(loop, None, no_sleep)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            await _settle_async(self, start, exc)
+            await aadvance(loop, exc, no_sleep)
             raise
-        await _settle_async(self, start, None)
+        await aadvance(loop, None, no_sleep)
         return result
 
     async def state(self, now: float | None = None) -> State:

@@ -20,19 +20,18 @@ import functools
 import inspect
 import random as _random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
-from functools import partial
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from askonce import context
-from askonce._attempts import AttemptContext, _Run
+from askonce._loop import AttemptContext, Pass, Tried, judge_with, steps
 from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
-from askonce.core.question import Account, Hop, Tab
-from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait, fits
+from askonce.core.question import Account, Frame, Hop, Tab
+from askonce.core.retry import RetryPolicy, RetryState, fits
 from askonce.core.wire import valid_name
-from askonce.errors import error_for, failure_of
+from askonce.errors import failure_of
 from askonce.stores.base import BreakerHandle, BucketHandle, Store
 
 if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
@@ -82,10 +81,6 @@ def _layer_name(fn: Callable[..., Any]) -> str:
     name = "".join(c if c.isalnum() or c in "_.-" else "." for c in getattr(fn, "__qualname__", "call"))
     name = name.lstrip("0123456789_.-") or "call"
     return name[:32]
-
-
-_ATTEMPT, _SLEEP, _IO = "attempt", "sleep", "io"
-Step = tuple[str, Any]  # (_ATTEMPT, frame) | (_SLEEP, seconds) | (_IO, a store call, maybe awaitable)
 
 
 class retry:  # spelled like a function: it is used as a decorator
@@ -169,14 +164,6 @@ class retry:  # spelled like a function: it is used as a decorator
         deadline = None if p.deadline is None else self._clock() + p.deadline
         return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key)
 
-    def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState,
-               retry_at: float | None = None) -> None:
-        err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt,
-                        retry_at=retry_at)
-        if err is last:
-            raise err
-        raise err from last
-
     # --- the decorator ----------------------------------------------------------------------------
 
     @overload
@@ -199,51 +186,27 @@ class retry:  # spelled like a function: it is used as a decorator
             return self._async_wrapper(fn, layer)
         return self._sync_wrapper(fn, layer)
 
-    def _steps(self, layer: str, tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
-               last: BaseException | None) -> Generator[Step, Any, Any]:
-        """Every attempt after a failure (or from the first, when a breaker or deadline must judge it).
+    def _pass(self, layer: str, frame: Frame, bucket: BucketHandle | None, first: Tried | None,
+              sleep: Callable[[float], object]) -> Pass:
+        """The loop from the first attempt (or after ``first``, made by the fast path)."""
+        breaker = self._breaker(layer)
+        judge_breaker: Callable[[BaseException], bool] | None = None
+        if breaker is not None:
+            from askonce.breakers import is_failure
 
-        One generator for both shells: it yields what needs doing (run an attempt with a frame bound,
-        sleep, or a store call that may be I/O) and receives the outcome; the sync and async drivers only
-        perform the steps. Every decision is RetryState's; give-ups are raised from here.
-        """
-        clock, policy = self._clock, self.policy
-        breaker: Any = self._breaker(layer)  # a sync handle, or an asyncio-Redis one the driver awaits
-        state = RetryState(policy, tab, layer, bucket is not None)
-        action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
-        if last is None:
-            action = state.start(clock())
-        while True:
-            if last is not None:
-                action = state.on_failure(failure_of(last), clock(), self._random())
-                if type(action) is Acquire:
-                    now = clock()
-                    ok = bucket is not None and (yield _IO, partial(bucket.withdraw, now))
-                    action = state.acquired(bool(ok), now)
-                if type(action) is Wait:
-                    if action.seconds > 0:
-                        yield _SLEEP, action.seconds
-                    action = state.resume(clock())
-            if type(action) is not Attempt:
-                self._raise(cast(GiveUp, action), last, state)
-            started = clock()
-            if breaker is not None and not (yield _IO, partial(breaker.allow, started)):
-                retry_at = breaker.retry_at()
-                self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
-            ok, outcome = yield _ATTEMPT, (tab, (*path, cast(Attempt, action).hop))
-            ended = clock() if breaker is not None else 0.0
-            if ok:
-                if breaker is not None:
-                    yield _IO, partial(breaker.record, ended, success=True, duration=ended - started)
-                return outcome
-            if breaker is not None:
-                from askonce.breakers import is_failure
+            judge_breaker = is_failure
+        state = RetryState(self.policy, frame[0], layer, bucket is not None)
+        loop = steps(state, clock=self._clock, random=self._random, bucket=bucket, breaker=breaker,
+                     first=first)
+        return Pass(loop, frame, judge_with(self._matches, judge_breaker), sleep)
 
-                yield _IO, (partial(breaker.record, ended, success=False, duration=ended - started)
-                            if is_failure(outcome) else partial(breaker.release, ended))
-            if not self._matches(outcome):
-                raise outcome
-            last = outcome
+    def _start(self, layer: str, sleep: Callable[[float], object]) -> Pass:
+        """A pass of the iterator form: the frame bound now (or minted), one request for the bucket."""
+        frame = self._frame(layer)
+        bucket = self._bucket(layer)
+        if bucket is not None:
+            bucket.deposit()
+        return self._pass(layer, frame, bucket, None, sleep)
 
     def _prepare(self, layer: str) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
         """The success path's first half, shared by both shells: the frame, the bucket deposit, and
@@ -273,44 +236,26 @@ class retry:  # spelled like a function: it is used as a decorator
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
         set_, reset = _frame.set, _frame.reset
 
-        def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
-            step = next(steps)
-            while True:
-                kind, what = step
-                answer: Any = None
-                if kind is _ATTEMPT:
-                    token = set_(what)
-                    try:
-                        answer = (True, fn(*args, **kwargs))
-                    except BaseException as exc:
-                        answer = (False, exc)
-                    finally:
-                        reset(token)
-                elif kind is _SLEEP:
-                    sleep(what)
-                else:
-                    answer = what()
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    return cast(T, done.value)
-
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             # The success path, kept flat: one context read, one bind, no state object.
             tab, path, bucket, full = prepare()
-            if full:
-                return drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
-            token = set_((tab, path + first))
-            try:
-                return fn(*args, **kwargs)
-            except BaseException as exc:
-                if not matches(exc):
-                    raise
-                last = exc
-            finally:
-                reset(token)
-            return drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
+            tried = None
+            if not full:
+                token = set_((tab, path + first))
+                try:
+                    return fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    tried = Tried(failure_of(exc), None, error=exc)
+                finally:
+                    reset(token)
+            result: Any = None
+            for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+                with attempt:
+                    result = fn(*args, **kwargs)
+            return cast(T, result)
 
         return call
 
@@ -321,74 +266,34 @@ class retry:  # spelled like a function: it is used as a decorator
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
         set_, reset = _frame.set, _frame.reset
 
-        async def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
-            step = next(steps)
-            while True:
-                kind, what = step
-                answer: Any = None
-                if kind is _ATTEMPT:
-                    token = set_(what)
-                    try:
-                        answer = (True, await fn(*args, **kwargs))
-                    except BaseException as exc:
-                        answer = (False, exc)
-                    finally:
-                        reset(token)
-                else:
-                    answer = sleep(what) if kind is _SLEEP else what()
-                    if inspect.isawaitable(answer):
-                        answer = await answer
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    return cast(T, done.value)
-
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             tab, path, bucket, full = prepare()
-            if full:
-                return await drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
-            token = set_((tab, path + first))
-            try:
-                return await fn(*args, **kwargs)
-            except BaseException as exc:
-                if not matches(exc):
-                    raise
-                last = exc
-            finally:
-                reset(token)
-            return await drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
+            tried = None
+            if not full:
+                token = set_((tab, path + first))
+                try:
+                    return await fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    tried = Tried(failure_of(exc), None, error=exc)
+                finally:
+                    reset(token)
+            result: Any = None
+            async for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+                async with attempt:
+                    result = await fn(*args, **kwargs)
+            return cast(T, result)
 
         return call
 
     # --- the iterator form ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[AttemptContext]:
-        layer = self.layer or "block"
-        sleep = self._sleep or time.sleep
-        run = _Run(self, layer)
-        while True:
-            ctx = run.next_attempt()
-            yield ctx
-            if ctx.done:
-                return
-            wait = run.after(ctx)
-            if wait > 0:
-                sleep(wait)
+        return iter(self._start(self.layer or "block", self._sleep or time.sleep))
 
-    async def __aiter__(self) -> AsyncIterator[AttemptContext]:
+    def __aiter__(self) -> AsyncIterator[AttemptContext]:
         import asyncio
 
-        layer = self.layer or "block"
-        sleep = self._sleep or asyncio.sleep
-        run = _Run(self, layer)
-        while True:
-            ctx = run.next_attempt()
-            yield ctx
-            if ctx.done:
-                return
-            wait = run.after(ctx)
-            if wait > 0:
-                result = sleep(wait)
-                if inspect.isawaitable(result):
-                    await result
+        return self._start(self.layer or "block", self._sleep or asyncio.sleep).__aiter__()

@@ -23,30 +23,21 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
+from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
-from askonce.core.retry import (
-    ANSWERED,
-    LOST,
-    Acquire,
-    Attempt,
-    Failure,
-    GiveUp,
-    RetryPolicy,
-    RetryState,
-    Wait,
-)
+from askonce.core.retry import ANSWERED, LOST, Attempt, Failure, RetryPolicy, RetryState
 from askonce.core.wire import MAX_BUDGET, Malformed, Reply, format_question, format_reply, parse_question, parse_reply
 from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: the fast path cannot drift from it
 from askonce.sim.engine import Engine
 from askonce.sim.world import Policy, Stats, World
 
-_ANSWERED = Failure(True, None, ANSWERED)  # a failure response that carried no askonce-reply
-_LOST = Failure(True, None, LOST)  # the per-attempt timeout fired: sent, no response
+_FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
+_TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the per-attempt timeout fired: sent, no response
 _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
 
 
@@ -67,14 +58,13 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("asked", "breaker", "bucket", "budget", "deadline", "layer", "ok", "out", "parent", "path",
+    __slots__ = ("asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent", "path",
                  "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
     state: RetryState
-    bucket: TokenBucket | None  # this layer instance's: the client's own, or one shared by all
-    breaker: Breaker | None
+    loop: Generator[Step, object, Ended]  # the library's one loop of attempts over the state
     sent: float  # when this hop sent its outstanding attempt
     deadline: float | None  # at the target: the propagated deadline on its clock
     started: float  # at the target: when the work began
@@ -132,6 +122,7 @@ class Sim:
         # Bound once: scheduling an event then allocates only its tuple.
         self._on_issue, self._on_arrive, self._on_reply = self.on_issue, self.on_arrive, self.on_reply
         self._on_timeout, self._on_resume, self._on_done = self.on_timeout, self.on_resume, self.on_done
+        self._clock: Callable[[], float] = lambda: self.engine.now
 
     def _build(self) -> list[Layer]:
         w, p = self.world, self.policy
@@ -194,12 +185,14 @@ class Sim:
         assert layer is not None
         c.tab, c.path = tab, path
         inst = c.asked.client if layer.per_client else 0
-        c.bucket = bucket = None if layer.buckets is None else layer.buckets[inst]
-        c.breaker = None if layer.breakers is None else layer.breakers[inst]
+        bucket = None if layer.buckets is None else layer.buckets[inst]
+        breaker = None if layer.breakers is None else layer.breakers[inst]
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
-        self._act(c, state.start(now), now)
+        c.loop = steps(state, clock=self._clock, random=self.rng.random, bucket=bucket,
+                       breaker=breaker, end=keep)
+        self._drive(c, None, now)
 
     def on_arrive(self, c: Call) -> None:
         now = self.engine.now
@@ -230,33 +223,31 @@ class Sim:
         budget = c.budget if c.budget <= limits.max_budget else limits.max_budget  # held: never negative
         return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path  # depth <= MAX_HOPS
 
-    def _act(self, c: Call, act: Attempt | Wait | Acquire | GiveUp, now: float) -> None:
-        while True:
-            if type(act) is Attempt:
-                self._send(c, act, now)
-                return
-            if type(act) is Wait:
-                if act.seconds > 0:
-                    self.engine.at(now + act.seconds, self._on_resume, c)
+    def _drive(self, c: Call, value: object, now: float) -> None:
+        """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
+        resume, an attempt as a message; the loop's end answers this hop's caller."""
+        loop = c.loop
+        try:
+            while True:
+                kind, what = loop.send(value)
+                if kind is IO:
+                    value = what()
+                elif kind is ATTEMPT:
+                    self._send(c, what, now)
                     return
-                act = c.state.resume(now)
-            elif type(act) is Acquire:
-                act = c.state.acquired(c.bucket is not None and c.bucket.withdraw(now), now)
-            else:
-                assert type(act) is GiveUp
-                self._finish(c, False, act.reply, now)
-                return
+                else:
+                    self.engine.at(now + what, self._on_resume, c)
+                    return
+        except StopIteration as end:
+            ok, reply = end.value
+            self._finish(c, ok, reply, now)
 
     def on_resume(self, c: Call) -> None:
-        now = self.engine.now
-        self._act(c, c.state.resume(now), now)
+        self._drive(c, None, self.engine.now)
 
     def _send(self, c: Call, act: Attempt, now: float) -> None:
-        breaker, layer = c.breaker, c.layer
+        layer = c.layer
         assert layer is not None
-        if breaker is not None and not breaker.allow(now):
-            self._finish(c, False, c.state.breaker_open(now, breaker.retry_at()).reply, now)
-            return
         child = Call(c.asked, layer.nxt, c)
         timeout = self._timeout
         if self._propagate:
@@ -280,15 +271,13 @@ class Sim:
         if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
             return
         c.out = None
-        now = self.engine.now
-        if c.breaker is not None:
-            c.breaker.record(now, success=child.ok, duration=now - c.sent)
         reply = self._carry(child.reply) if self._propagate else None
         if child.ok:
-            self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
+            tried = Tried(None, True, reply, ANSWERED)
         else:
-            failure = _ANSWERED if reply is None else Failure(True, reply, ANSWERED)
-            self._act(c, c.state.on_failure(failure, now, self.rng.random()), now)
+            tried = _FAILED if reply is None else Tried(Failure(True, reply, ANSWERED), False, reply,
+                                                        ANSWERED)
+        self._drive(c, tried, self.engine.now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
         """A reply as the caller reads it off the wire."""
@@ -310,10 +299,7 @@ class Sim:
         if c.out is not child:
             return
         c.out = None
-        now = self.engine.now
-        if c.breaker is not None:
-            c.breaker.record(now, success=False, duration=now - c.sent)
-        self._act(c, c.state.on_failure(_LOST, now, self.rng.random()), now)
+        self._drive(c, _TIMED_OUT, self.engine.now)
 
     def _finish(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
         c.ok, c.reply = ok, reply
