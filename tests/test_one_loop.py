@@ -225,3 +225,18 @@ def test_the_iterator_releases_the_breaker_slot_of_an_attempt_it_never_ran() -> 
     for _attempt in form:
         break  # the probe slot was taken for this attempt, and the attempt never ran
     assert handle.allow(clock[0]), "the abandoned attempt's probe slot was not given back"
+
+
+@pytest.mark.parametrize("flat", [{"attempts": 7}, {"budget": 3}, {"deadline": None},
+                                  {"backoff": askonce.Backoff()}, {"idempotent": False}])
+def test_policy_and_its_fields_cannot_both_be_given(flat: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        askonce.retry(policy=askonce.RetryPolicy(), **flat)
+
+
+def test_the_flat_fields_make_the_policy() -> None:
+    layer = askonce.retry(attempts=7, budget=3, deadline=None)
+    assert layer.policy == askonce.RetryPolicy(attempts=7, budget=3, deadline=None)
+    assert askonce.retry().policy == askonce.RetryPolicy()
+    policy = askonce.RetryPolicy(attempts=5)
+    assert askonce.retry(policy=policy).policy is policy

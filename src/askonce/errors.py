@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
-from askonce.core.retry import LOCAL, REFUSED, Failure, GiveUp
+from askonce.core.retry import LOCAL, REFUSED, Failure, GiveUp, Why
 from askonce.core.wire import Reply
 
 
@@ -76,22 +76,22 @@ class CircuitOpen(GaveUp):
         self.retry_at = retry_at
 
 
-_BY_KIND: dict[str, type[GaveUp]] = {
-    "exhausted": BudgetExhausted,
-    "deadline": DeadlineExceeded,
-    "dnr": DoNotRetry,
-    "pushback": DoNotRetry,
-    "throttled": RetryThrottled,
-    "breaker-open": CircuitOpen,
+_BY_KIND: dict[Why, type[GaveUp]] = {
+    Why.EXHAUSTED: BudgetExhausted,
+    Why.DEADLINE: DeadlineExceeded,
+    Why.DNR: DoNotRetry,
+    Why.PUSHBACK: DoNotRetry,
+    Why.THROTTLED: RetryThrottled,
+    Why.BREAKER_OPEN: CircuitOpen,
 }
 
 _MESSAGES = {
-    "exhausted": "retry budget exhausted",
-    "deadline": "deadline exceeded",
-    "dnr": "callee said do not retry",
-    "pushback": "callee asked to wait longer than this layer's max_pushback",
-    "throttled": "retry token bucket for the target is empty",
-    "breaker-open": "circuit breaker is open",
+    Why.EXHAUSTED: "retry budget exhausted",
+    Why.DEADLINE: "deadline exceeded",
+    Why.DNR: "callee said do not retry",
+    Why.PUSHBACK: "callee asked to wait longer than this layer's max_pushback",
+    Why.THROTTLED: "retry token bucket for the target is empty",
+    Why.BREAKER_OPEN: "circuit breaker is open",
 }
 
 
@@ -137,7 +137,7 @@ def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: s
             return AskonceError(f"{layer}: gave up ({give_up.kind})")
         attach_reply(last, give_up.reply)
         return last
-    detail = f" ({give_up.reply.reason})" if give_up.kind == "dnr" and give_up.reply.reason else ""
+    detail = f" ({give_up.reply.reason})" if give_up.kind is Why.DNR and give_up.reply.reason else ""
     message = f"{layer}: {_MESSAGES[give_up.kind]}{detail} after {attempts} attempt(s), question {key}"
     if cls is CircuitOpen:
         return CircuitOpen(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts, retry_at=retry_at)

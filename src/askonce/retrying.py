@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # the breaker module is imported only when a breaker is confi
 P = ParamSpec("P")
 T = TypeVar("T")
 
+_UNSET: Any = object()  # an argument not given: RetryPolicy's default, and policy= may be given
+
 OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 DEFAULT_BUCKET = BucketPolicy()
@@ -87,8 +89,10 @@ class retry:  # spelled like a function: it is used as a decorator
     """A retrying layer: a decorator for sync and ``async`` functions, and an iterable of attempts.
 
     ``on``: what to retry (exception types or a predicate); the default is connection errors and
-    timeouts. ``attempts``: this layer's own limit. ``budget``/``deadline``: used only when this layer
-    has to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
+    timeouts. ``attempts`` (3), ``backoff``, ``budget`` (2), ``deadline`` (30 s), ``idempotent``
+    (True): :class:`RetryPolicy`'s fields and defaults, given here or as one ``policy=`` (not both).
+    ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has to
+    mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
     ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
     breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both (default:
     the layer). ``store``: where they live (default: this process's memory; ``askonce.stores.redis``).
@@ -99,12 +103,12 @@ class retry:  # spelled like a function: it is used as a decorator
         self,
         on: OnSpec = DEFAULT_ON,
         *,
-        attempts: int = 3,
+        attempts: int = _UNSET,
         layer: str | None = None,
-        backoff: Backoff = Backoff(),
-        budget: int = 2,
-        deadline: float | None = 30.0,
-        idempotent: bool = True,
+        backoff: Backoff = _UNSET,
+        budget: int = _UNSET,
+        deadline: float | None = _UNSET,
+        idempotent: bool = _UNSET,
         bucket: BucketPolicy | None = DEFAULT_BUCKET,
         breaker: BreakerPolicy | None = None,
         target: str | None = None,
@@ -115,8 +119,17 @@ class retry:  # spelled like a function: it is used as a decorator
         sleep: Callable[[float], object] | None = None,
         random: Callable[[], float] | None = None,
     ) -> None:
-        self.policy = policy or RetryPolicy(attempts=attempts, backoff=backoff, budget=budget,
-                                            deadline=deadline, idempotent=idempotent)
+        flat: dict[str, Any] = {name: value for name, value in (("attempts", attempts), ("backoff", backoff),
+                                                ("budget", budget), ("deadline", deadline),
+                                                ("idempotent", idempotent)) if value is not _UNSET}
+        if policy is None:
+            policy = RetryPolicy(**flat)
+        elif not isinstance(policy, RetryPolicy):
+            raise ValueError(f"policy must be an askonce.RetryPolicy, got {policy!r}")
+        elif flat:
+            raise ValueError(f"give either policy= or {', '.join(sorted(flat))}=, not both: "
+                             "a policy already holds them")
+        self.policy = policy
         if layer is not None and not valid_name(layer):
             raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {layer!r}")
         self.layer = layer

@@ -33,6 +33,7 @@ lower budget before this layer even sleeps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 from askonce.core import is_int, is_real
@@ -177,11 +178,25 @@ class Acquire(NamedTuple):
     target: str | None = None
 
 
+class Why(StrEnum):
+    """Why a layer gave up. The first five are askonce's limits (an askonce exception); the last three
+    are the layer's own (the original error is re-raised, the reply attached)."""
+
+    EXHAUSTED = "exhausted"  # the question's budget is spent
+    DEADLINE = "deadline"  # no attempt fits before the question's deadline
+    DNR = "dnr"  # a callee said do-not-retry; passed on
+    PUSHBACK = "pushback"  # a callee asked to wait longer than max_pushback
+    THROTTLED = "throttled"  # the per-target retry token bucket is empty
+    BREAKER_OPEN = "breaker-open"  # the target's circuit breaker refused the attempt
+    NOT_RETRYABLE = "not-retryable"  # the failure is not one this layer retries
+    NOT_IDEMPOTENT = "not-idempotent"  # an unsafe request that may have reached the callee
+    ATTEMPTS = "attempts"  # this layer's own attempt limit
+
+
 class GiveUp(NamedTuple):
     """The end of this layer's tries. ``kind`` says why; ``reply`` is what to tell the caller."""
 
-    kind: str  # "not-retryable" | "not-idempotent" | "exhausted" | "deadline" | "dnr" | "pushback"
-    # | "attempts" | "throttled"
+    kind: Why
     reply: Reply
 
     @property
@@ -235,7 +250,7 @@ class RetryState:
             held, self.held = self.held, 0
             settle(self.tab.account, held, delivery, reply)
 
-    def _give_up(self, kind: str, dnr: bool = False, reason: str | None = None,
+    def _give_up(self, kind: Why, dnr: bool = False, reason: str | None = None,
                  pushback: float | None = None) -> GiveUp:
         return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
 
@@ -245,7 +260,7 @@ class RetryState:
     def start(self, now: float) -> Attempt | GiveUp:
         """The first attempt, unless the deadline has already passed."""
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(1, Hop(self.layer, 1))
 
     def on_failure(self, failure: Failure, now: float, u: float) -> Wait | Acquire | GiveUp:
@@ -255,21 +270,21 @@ class RetryState:
         policy, account, reply = self.policy, self.tab.account, failure.reply
         self._settle(failure.delivery, reply)
         if not failure.retryable:
-            return self._give_up("not-retryable", *_passed_on(reply))
+            return self._give_up(Why.NOT_RETRYABLE, *_passed_on(reply))
         if not policy.idempotent and failure.delivery != REFUSED:
-            return self._give_up("not-idempotent", *_passed_on(reply))
+            return self._give_up(Why.NOT_IDEMPOTENT, *_passed_on(reply))
         if account.left < 1:
-            return self._give_up("exhausted", True, "exhausted")
+            return self._give_up(Why.EXHAUSTED, True, "exhausted")
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         if reply is not None and reply.dnr:
-            return self._give_up("dnr", True, reply.reason, reply.pushback)
+            return self._give_up(Why.DNR, True, reply.reason, reply.pushback)
         pushback = reply.pushback if reply is not None and reply.pushback is not None else 0.0
         floor = max(pushback, failure.retry_after or 0.0)
         if not floor <= policy.max_pushback:  # NaN too (an in-process reply's): a wait nobody can tell is not waited
-            return self._give_up("pushback", True, "overloaded", floor if floor == floor else None)
+            return self._give_up(Why.PUSHBACK, True, "overloaded", floor if floor == floor else None)
         if self.attempt >= policy.attempts:
-            return self._give_up("attempts")
+            return self._give_up(Why.ATTEMPTS)
         self._floor, self._u = floor, u
         if self.bucket:
             return Acquire()
@@ -278,28 +293,28 @@ class RetryState:
     def acquired(self, ok: bool, now: float) -> Wait | GiveUp:
         """The shell took (or failed to take) the retry token that ``Acquire`` asked for."""
         if not ok:
-            return self._give_up("throttled", True, "throttled")
+            return self._give_up(Why.THROTTLED, True, "throttled")
         return self._backoff(now)
 
     def _backoff(self, now: float) -> Wait | GiveUp:
         account = self.tab.account
         wait = max(self._floor, self.policy.backoff.delay(self.attempt, self._u))
         if not self._fits(now, wait):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         if not account.spend(1):  # a sibling took the last retry between our check and now
-            return self._give_up("exhausted", True, "exhausted")
+            return self._give_up(Why.EXHAUSTED, True, "exhausted")
         self.attempt += 1
         return Wait(wait)
 
     def breaker_open(self, now: float, retry_at: float | None) -> GiveUp:
         """The target's breaker refused the attempt: tell the caller not to retry, and when to come back."""
         pushback = None if retry_at is None else max(0.0, retry_at - now)
-        return self._give_up("breaker-open", True, "breaker-open", pushback)
+        return self._give_up(Why.BREAKER_OPEN, True, "breaker-open", pushback)
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(self.attempt, Hop(self.layer, self.attempt))
 
     def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
