@@ -8,8 +8,8 @@ the outcome::
     (SLEEP, seconds)     wait before the next attempt
 
 Two drivers perform the IO and SLEEP steps and stop at each attempt: :func:`advance` (sync) and
-:func:`aadvance` (async: it awaits whatever returns an awaitable). Whoever holds the driver makes the
-attempt its own way: ``@askonce.retry`` and the iterator form run the user's code in
+:func:`aadvance` (async: it awaits whatever returns an awaitable). Whoever holds the driver makes
+the attempt its own way: ``@askonce.retry`` and the iterator form run the user's code in
 ``with attempt:`` (:class:`Pass`), :class:`askonce.client.Caller` sends a request, the simulator
 schedules a message. Every decision is :class:`~askonce.core.retry.RetryState`'s.
 """
@@ -44,11 +44,11 @@ class Tried(NamedTuple):
     """What one attempt came to, as the shell that made it judged it.
 
     ``failure``: ``None`` when the attempt is the answer. ``health``: the breaker's verdict on the
-    target (``None``: no verdict, the slot is only released). ``reply``: an answer's ``askonce-reply``,
-    which settles what was held (``delivery``). ``error``: what the attempt raised, kept as the cause
-    of a give-up. ``fatal``: raise ``error`` at once, after settling and the breaker's verdict (not
-    an error this layer retries). ``response``: a failed attempt's response, returned with a give-up or
-    discarded before the next attempt.
+    target (``None``: no verdict, the slot is only released). ``reply``: an answer's
+    ``askonce-reply``, which settles what was held (``delivery``). ``error``: what the attempt
+    raised, kept as the cause of a give-up. ``fatal``: raise ``error`` at once, after settling and
+    the breaker's verdict (not an error this layer retries). ``response``: a failed attempt's
+    response, returned with a give-up or discarded before the next attempt.
     """
 
     failure: Failure | None
@@ -77,7 +77,7 @@ def keep(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float 
 
 
 def give_up(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float | None) -> None:
-    """Raise the exception for a give-up: askonce's for its limits, the last error for the layer's own."""
+    """Raise a give-up's exception: askonce's for its limits, the last error for the layer's own."""
     cause = None if last is None else last.error
     err = error_for(action, cause, layer=state.layer, key=state.tab.key, attempts=state.attempt,
                     retry_at=retry_at)
@@ -93,13 +93,15 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
           discard: Callable[[Any], object] | None = None) -> Generator[Step, Any, Ended]:
     """One call's attempts at one layer, from the first (or after ``first``, made by a fast path).
 
-    Per attempt: the breaker allows it, the shell makes it, the breaker hears the verdict; on failure
-    the state decides (a bucket token when it asks for one, the wait), then the next attempt. A give-up
-    goes to ``end`` (which raises, or returns to let the shell return a response); an answer ends the
-    loop after settling what was held. Returns whether it was answered, and the reply for the caller.
+    Per attempt: the breaker allows it, the shell makes it, the breaker hears the verdict; on
+    failure the state decides (a bucket token when it asks for one, the wait), then the next
+    attempt. A give-up goes to ``end`` (which raises, or returns to let the shell return a
+    response); an answer ends the loop after settling what was held. Returns whether it was
+    answered, and the reply for the caller.
     """
     tried, last = first, None
-    action: Attempt | Wait | Acquire | GiveUp = Wait(0.0) if first is not None else state.start(clock())
+    action: Attempt | Wait | Acquire | GiveUp = (Wait(0.0) if first is not None
+                                                 else state.start(clock()))
     while True:
         if tried is None:
             if type(action) is not Attempt:
@@ -115,7 +117,8 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
             if breaker is not None:
                 done = clock()
                 yield IO, (partial(breaker.release, done) if tried.health is None else
-                           partial(breaker.record, done, success=tried.health, duration=done - started))
+                           partial(breaker.record, done, success=tried.health,
+                                   duration=done - started))
         now = clock()
         if tried.failure is None:
             return True, state.on_success(tried.reply, tried.delivery)
@@ -148,7 +151,7 @@ def _now(value: T | Awaitable[T]) -> T:
 
 def advance(loop: Generator[Step, Any, Any], value: Any,
             sleep: Callable[[float], object]) -> Attempt | None:
-    """The sync driver: perform IO and SLEEP steps up to the next attempt (``None``: the loop ended)."""
+    """The sync driver: run IO and SLEEP steps up to the next attempt (``None``: the loop ended)."""
     try:
         while True:
             kind, what = loop.send(value)
@@ -175,7 +178,7 @@ async def aadvance(loop: Generator[Step, Any, Any], value: Any,
 
 
 def _finish(loop: Generator[Step, Any, Ended], tried: Tried) -> None:
-    """Report a fatal attempt (or an abandoned pass) and let the loop settle it; its re-raise is ours."""
+    """Let the loop settle a fatal attempt (or an abandoned pass); its re-raise is ours."""
     try:
         advance(loop, tried, no_sleep)
     except BaseException as exc:
@@ -188,12 +191,12 @@ def no_sleep(seconds: float) -> None:  # a fatal attempt ends the loop before an
 
 
 class Pass:
-    """One call's way through the loop as ``with attempt:`` blocks: ``for`` and ``async for`` drive it.
+    """One call's way through the loop as ``with attempt:`` blocks, driven by ``for``/``async for``.
 
-    ``judge(exc)``: the :class:`Tried` of a block that raised ``exc``. In the sync form each block's end
-    advances the loop at once (the breaker hears the verdict, the wait is slept, a give-up raises from
-    the block). In the async form ``async with attempt:`` does the same, awaited; a plain ``with``
-    leaves it to the next step of the ``async for``.
+    ``judge(exc)``: the :class:`Tried` of a block that raised ``exc``. In the sync form each block's
+    end advances the loop at once (the breaker hears the verdict, the wait is slept, a give-up
+    raises from the block). In the async form ``async with attempt:`` does the same, awaited; a
+    plain ``with`` leaves it to the next step of the ``async for``.
     """
 
     __slots__ = ("_judge", "_loop", "_sleep", "path", "tab")
@@ -232,7 +235,8 @@ class Pass:
                 raise
             if ctx.tried is None:
                 raise RuntimeError("askonce.retry: each attempt must be used as `with attempt:`")
-            action = ctx.next if ctx.advanced else await aadvance(self._loop, ctx.tried, self._sleep)
+            action = (ctx.next if ctx.advanced
+                      else await aadvance(self._loop, ctx.tried, self._sleep))
 
     async def _aclose(self, tried: Tried) -> None:
         try:
@@ -245,8 +249,8 @@ class Pass:
 class AttemptContext:
     """One attempt of a :class:`Pass`: ``with attempt:`` runs it with the question bound.
 
-    ``number``: which attempt this is (1 for the first). A shell that makes the attempt itself instead
-    of running a block reports its outcome with :meth:`report` (sync) or :meth:`areport`.
+    ``number``: which attempt this is (1 for the first). A shell that makes the attempt itself
+    instead of running a block reports its outcome with :meth:`report` (sync) or :meth:`areport`.
     """
 
     __slots__ = ("_pass", "_sync", "_token", "advanced", "hop", "next", "number", "tried")
@@ -311,8 +315,9 @@ class AttemptContext:
         return exc is not None and not tried.fatal
 
 
-def judge_with(matches: Callable[[BaseException], bool],
-               is_failure: Callable[[BaseException], bool] | None) -> Callable[[BaseException], Tried]:
+def judge_with(
+    matches: Callable[[BaseException], bool], is_failure: Callable[[BaseException], bool] | None
+) -> Callable[[BaseException], Tried]:
     """How an in-process attempt that raised is judged: retried if ``on=`` matches, else fatal; the
     breaker's verdict (when a breaker is set) from ``is_failure``."""
 

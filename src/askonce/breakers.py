@@ -1,27 +1,31 @@
-"""Circuit breakers by target: a registry, state-change callbacks, and a guard to use one on its own.
+"""Circuit breakers by target: a registry, transition callbacks, and a guard to use one on its own.
 
 ::
 
-    registry = askonce.breakers.BreakerRegistry()            # in memory; or BreakerRegistry(RedisStore(url))
-    registry.on_transition(lambda target, t: log.info("%s %s -> %s (%s)", target, t.old, t.new, t.reason))
+    registry = askonce.breakers.BreakerRegistry()  # in memory; or BreakerRegistry(RedisStore(url))
+    registry.on_transition(
+        lambda target, t: log.info("%s %s -> %s (%s)", target, t.old, t.new, t.reason))
     payments = registry.get("payments")
-    with payments.guard():                                   # raises CircuitOpen while open
+    with payments.guard():  # raises CircuitOpen while open
         call_payments()
-    payments.call(call_payments)                             # the same, without the with protocol's cost
+    payments.call(call_payments)  # the same, without the with protocol's cost
 
-A registry holds one breaker per target, named as the user names it (a host, a service, an operation),
-over a store's breaker handles: in memory they are per process, in Redis they are shared by the fleet.
-``registry_for(store)`` gives the one registry of a store (so callbacks registered there see every
-breaker of that store); ``default_registry()`` is the one of the default in-memory store.
+A registry holds one breaker per target, named as the user names it (a host, a service, an
+operation), over a store's breaker handles: in memory they are per process, in Redis they are shared
+by the fleet. ``registry_for(store)`` gives the one registry of a store (so callbacks registered
+there see every breaker of that store); ``default_registry()`` is the one of the default in-memory
+store.
 
 What a failed call says about the target is ``is_failure``'s business: an exception carrying a
-do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own 4xx,
-any other do-not-retry reason (the question ran out of budget or time, an inner breaker is open), and a
-cancellation are no verdict on the target and only free the call's probe slot (``release``).
+do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own
+4xx, any other do-not-retry reason (the question ran out of budget or time, an inner breaker is
+open), and a cancellation are no verdict on the target and only free the call's probe slot
+(``release``).
 
-While a breaker is open the guard raises :class:`askonce.errors.CircuitOpen` at once, with ``retry_at``
-(the caller's monotonic clock) and a reply that tells the caller upstream not to retry (reason
-``breaker-open``, pushback until ``retry_at``), carrying the bound question's remaining budget.
+While a breaker is open the guard raises :class:`askonce.errors.CircuitOpen` at once, with
+``retry_at`` (the caller's monotonic clock) and a reply that tells the caller upstream not to retry
+(reason ``breaker-open``, pushback until ``retry_at``), carrying the bound question's remaining
+budget.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def _status(exc: BaseException) -> int | None:
 
 
 def is_failure(exc: BaseException) -> bool:
-    """Does this exception count against the target's health? ``False`` means: no verdict, release."""
+    """Does this exception count against the target's health? ``False``: no verdict, release."""
     if not isinstance(exc, Exception):  # cancelled, interrupted: says nothing about the target
         return False
     reply = reply_of(exc)
@@ -84,7 +88,7 @@ def is_failure(exc: BaseException) -> bool:
 
 
 def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
-    """The error for a call refused by an open breaker, with the reply the caller passes upstream."""
+    """The error for a call an open breaker refused, with the reply the caller passes upstream."""
     frame = context.current_frame()
     left = frame[0].account.left if frame is not None else 0
     key = frame[0].key if frame is not None else None
@@ -92,14 +96,15 @@ def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
     pushback = None if retry_at is None else max(0.0, retry_at - now)
     reply = Reply(left, True, "breaker-open", pushback)
     when = "" if retry_at is None else f"; next probe in {pushback:.3f} s"
-    return CircuitOpen(f"{layer}: circuit breaker for {target!r} is open{when}", reply=reply, layer=layer, key=key,
-                       attempts=0, retry_at=retry_at)
+    return CircuitOpen(f"{layer}: circuit breaker for {target!r} is open{when}", reply=reply,
+                       layer=layer, key=key, attempts=0, retry_at=retry_at)
 
 
 def _through(b: CircuitBreaker | AsyncCircuitBreaker,
              now: float | None) -> Generator[Step, BaseException | None, None]:
     """One call through ``b`` as the one loop's steps: ``CircuitOpen`` while open, else the call
-    (sent back: the exception it raised, or ``None``) and its verdict: a success, a failure, or none."""
+    (sent back: the exception it raised, or ``None``) and its verdict: a success, a failure, or
+    none."""
     start = b.clock() if now is None else now
     handle: Any = b.handle
     if not (yield IO, partial(handle.allow, start)):
@@ -165,7 +170,8 @@ class CircuitBreaker:
         self.is_failure = is_failure
 
     def guard(self, now: float | None = None) -> _Guard:
-        """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the outcome."""
+        """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the
+        outcome."""
         return _Guard(self, now)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -250,9 +256,10 @@ class _Registry(Generic[B]):
     def on_transition(self, callback: Listener) -> Listener:
         """Call ``callback(target, transition)`` on every state change; usable as a decorator.
 
-        Callbacks run in the thread (or task) whose call caused the change, after the breaker's lock is
-        released. With a Redis store, changes made by other processes arrive with reason ``observed``
-        when this process next looks, and changes of the local fallback with their own reasons.
+        Callbacks run in the thread (or task) whose call caused the change, after the breaker's lock
+        is released. With a Redis store, changes made by other processes arrive with reason
+        ``observed`` when this process next looks, and changes of the local fallback with their own
+        reasons.
         """
         with self._lock:
             self._callbacks = (*self._callbacks, callback)
@@ -269,7 +276,8 @@ class _Registry(Generic[B]):
             except Exception:
                 count("breaker.listener.error")
 
-    def _get(self, target: str, policy: BreakerPolicy | None, make: Callable[[BreakerPolicy], B]) -> B:
+    def _get(self, target: str, policy: BreakerPolicy | None,
+             make: Callable[[BreakerPolicy], B]) -> B:
         breaker = self._breakers.get(target)
         if breaker is None:
             with self._lock:
@@ -283,7 +291,8 @@ class _Registry(Generic[B]):
                         self._breakers.popitem(last=False)
                         count("breakers.registry.evicted")
         if policy is not None and policy != breaker.policy:
-            raise ValueError(f"breaker {target!r} already exists with another policy ({breaker.policy!r})")
+            raise ValueError(f"breaker {target!r} already exists with another policy "
+                             f"({breaker.policy!r})")
         return breaker
 
     def targets(self) -> list[str]:
@@ -295,7 +304,8 @@ class BreakerRegistry(_Registry[CircuitBreaker]):
 
     def __init__(self, store: Store | None = None, *, policy: BreakerPolicy = _DEFAULT_POLICY,
                  clock: Callable[[], float] | None = None,
-                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+                 is_failure: Callable[[BaseException], bool] = is_failure,
+                 max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
         if store is not None and not callable(getattr(store, "breaker", None)):
             raise ValueError(f"store must be a store (MemoryStore, RedisStore), got {store!r}")
@@ -315,7 +325,8 @@ class AsyncBreakerRegistry(_Registry[AsyncCircuitBreaker]):
 
     def __init__(self, store: AsyncStore, *, policy: BreakerPolicy = _DEFAULT_POLICY,
                  clock: Callable[[], float] | None = None,
-                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+                 is_failure: Callable[[BaseException], bool] = is_failure,
+                 max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
         if not callable(getattr(store, "breaker", None)):
             raise ValueError(f"store must be an asyncio store (AsyncRedisStore), got {store!r}")
@@ -331,7 +342,7 @@ _registries_lock = threading.Lock()
 
 
 def registry_for(store: Store) -> BreakerRegistry:
-    """The one registry of a sync store, made on first use (callbacks there see all of its breakers)."""
+    """The one registry of a sync store, made on first use (its callbacks see all its breakers)."""
     with _registries_lock:
         registry = _registries.get(store)
         if registry is None:
@@ -341,6 +352,6 @@ def registry_for(store: Store) -> BreakerRegistry:
 
 def default_registry() -> BreakerRegistry:
     """The registry of ``@askonce.retry``'s default in-memory store."""
-    from askonce.retrying import default_store  # here, not at the top: retrying may import this module
+    from askonce.retrying import default_store  # not at the top: retrying may import this module
 
     return registry_for(default_store())

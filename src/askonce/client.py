@@ -111,12 +111,12 @@ T = TypeVar("T")
 
 DEFAULT_POLICY = ClientPolicy()
 
-# --- the integration's side of one call ------------------------------------------------------------
+# --- the integration's side of one call -----------------------------------------------------------
 
 
 class Exchange(Protocol[R]):
-    """One outgoing call as the caller drives it (sync). ``timeout``: the framework's own per-attempt
-    timeout (for HTTP, the read timeout) or ``None``."""
+    """One outgoing call as the caller drives it (sync). ``timeout``: the framework's own
+    per-attempt timeout (for HTTP, the read timeout) or ``None``."""
 
     @property
     def timeout(self) -> float | None: ...
@@ -130,7 +130,8 @@ class Exchange(Protocol[R]):
         """A transport failure's outcome, or ``None``: not one (it is re-raised unchanged)."""
 
     def discard(self, response: R) -> None:
-        """Release a failed attempt's response (read a little so the connection is reused, then close)."""
+        """Release a failed attempt's response (read a little so the connection is reused, then
+        close it)."""
 
 
 class AsyncExchange(Protocol[R]):
@@ -181,7 +182,8 @@ class _Call:
         frame = _frame.get()
         if frame is None:  # each call with nothing bound is a question of its own
             retry = policy.retry
-            self.tab = Tab(context.new_key(), policy.layer, policy.originator, Account(retry.budget),
+            self.tab = Tab(context.new_key(), policy.layer, policy.originator,
+                           Account(retry.budget),
                            None if retry.deadline is None else now + retry.deadline)
             self.path: tuple[Hop, ...] = ()
         else:
@@ -197,7 +199,7 @@ class _Call:
             self.bucket.deposit()
 
     def limit(self, policy: ClientPolicy, now: float) -> float | None:
-        """An attempt waits no longer than its own timeout, the policy's, and the question's deadline."""
+        """An attempt waits at most its own timeout, the policy's, and the question's deadline."""
         limit = self.exchange.timeout
         cap = policy.attempt_timeout
         if cap is not None and (limit is None or cap < limit):
@@ -244,16 +246,17 @@ def _no_block(exc: BaseException) -> Tried:  # a Caller reports its attempts; it
 
 
 class Caller:
-    """Runs outgoing calls under one :class:`ClientPolicy`; one per client (transport, adapter, channel).
+    """Runs outgoing calls under one :class:`ClientPolicy`; one per transport, adapter or channel.
 
     ``store``: where per-target buckets and breakers live (the process's memory store by default);
     ``clock``, ``sleep``, ``random``: injectable for tests and simulation. ``sleep`` may return an
     awaitable in the async form (the default there is ``asyncio.sleep``).
 
-    ``per_target``: whether calls need their ``target`` at all (a bucket or a breaker is configured).
+    ``per_target``: whether calls need their ``target`` at all (a bucket or breaker is configured).
     """
 
-    __slots__ = ("_breakers", "_first", "_policies", "_sleep", "clock", "per_target", "policy", "random", "store")
+    __slots__ = ("_breakers", "_first", "_policies", "_sleep", "clock", "per_target", "policy",
+                 "random", "store")
 
     def __init__(
         self,
@@ -265,13 +268,16 @@ class Caller:
         random: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(policy, ClientPolicy):
-            raise ValueError(f"policy must be an askonce.client.ClientPolicy, got {type(policy).__name__}")
+            raise ValueError("policy must be an askonce.client.ClientPolicy, "
+                             f"got {type(policy).__name__}")
         for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be a callable or None, got {fn!r}")
         for kind in ("bucket", "breaker"):  # only what the policy will ask of it
-            if store is not None and getattr(policy, kind) is not None and not callable(getattr(store, kind, None)):
-                raise ValueError(f"store must be an askonce store (a {kind}(target, policy) method), got {store!r}")
+            if (store is not None and getattr(policy, kind) is not None
+                    and not callable(getattr(store, kind, None))):
+                raise ValueError(f"store must be an askonce store (a {kind}(target, policy) "
+                                 f"method), got {store!r}")
         from askonce.retrying import default_store  # the one store `@askonce.retry` layers share
 
         self.policy = policy
@@ -280,15 +286,18 @@ class Caller:
         self.random = random or _random.random
         self._sleep = sleep
         # A store without breakers is refused now rather than at the first call.
-        self._breakers: Callable[[str, BreakerPolicy], BreakerHandle | AsyncBreakerHandle] | None = None
+        self._breakers: Callable[[str, BreakerPolicy],
+                                 BreakerHandle | AsyncBreakerHandle] | None = None
         if policy.breaker is not None:
             self._breakers = getattr(self.store, "breaker", None)
             if self._breakers is None:
-                raise ValueError(f"breaker= needs a store with circuit breakers; {type(self.store).__name__} has none")
-        # Indexed by the request's idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
+                raise ValueError("breaker= needs a store with circuit breakers; "
+                                 f"{type(self.store).__name__} has none")
+        # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
         self._first = (Hop(policy.layer, 1),)
-        self.per_target = policy.bucket is not None or policy.breaker is not None  # else any target will do
+        # Without a bucket or a breaker, any target will do.
+        self.per_target = policy.bucket is not None or policy.breaker is not None
 
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
                idempotent: bool) -> tuple[_Call, float | None, int, str] | _Call:
@@ -299,20 +308,21 @@ class Caller:
         if self._breakers is not None or not fits(self.policy.retry, call.tab.deadline, now):
             return call  # the loop from the start: the breaker, or the give-up, is the core's
         limit = call.limit(self.policy, now)
-        forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace, call.tab.deadline, now)
+        forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
+                                              call.tab.deadline, now)
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
         tab = call.tab  # the limit already holds the deadline: what context.question_header sends
         try:
             header = format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first,
                                      tab.sig)
-        except BaseException:  # nothing was sent (a key minter that failed): give back what was held
+        except BaseException:  # nothing was sent (a key minter failed): give back what was held
             account.release(held)
             raise
         return call, limit, held, header
 
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
-        """Run one call to ``target`` (the key of its bucket and breaker) until answered or given up."""
+        """Run one call to ``target`` (its bucket and breaker key) until answered or given up."""
         sleep = self._sleep or time.sleep
         started = self._start(exchange, target, idempotent)
         held, first, response = 0, None, None

@@ -1,8 +1,8 @@
 """``@askonce.retry``: thin sync and async shells over :mod:`askonce.core.retry`.
 
 The shells only bind the question, run attempts, sleep, and translate a give-up into an exception;
-every decision is ``RetryState``'s. A layer with no bound question mints one (lazily keyed) so that inner
-layers in the same process draw on the same budget instead of each bringing their own.
+every decision is ``RetryState``'s. A layer with no bound question mints one (lazily keyed) so that
+inner layers in the same process draw on the same budget instead of each bringing their own.
 
 Two forms, one object::
 
@@ -63,11 +63,13 @@ _ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicat
 
 
 def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
-    # KeyboardInterrupt, SystemExit, GeneratorExit and asyncio's CancelledError are not failures of a call:
-    # retrying one would swallow a Ctrl-C or a cancellation. A type is refused; a predicate never sees them.
+    # KeyboardInterrupt, SystemExit, GeneratorExit and asyncio's CancelledError are not failures
+    # of a call: retrying one would swallow a Ctrl-C or a cancellation. A type is refused; a
+    # predicate never sees them.
     if isinstance(on, type):
         if not issubclass(on, Exception):
-            raise ValueError(f"{_ON} (never retried: BaseExceptions such as KeyboardInterrupt), got {on!r}")
+            raise ValueError(f"{_ON} (never retried: BaseExceptions such as KeyboardInterrupt), "
+                             f"got {on!r}")
         return lambda exc: isinstance(exc, on)
     if isinstance(on, tuple):
         if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
@@ -80,7 +82,8 @@ def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
 
 
 def _layer_name(fn: Callable[..., Any]) -> str:
-    name = "".join(c if c.isalnum() or c in "_.-" else "." for c in getattr(fn, "__qualname__", "call"))
+    name = "".join(c if c.isalnum() or c in "_.-" else "."
+                   for c in getattr(fn, "__qualname__", "call"))
     name = name.lstrip("0123456789_.-") or "call"
     return name[:32]
 
@@ -91,12 +94,13 @@ class retry:  # spelled like a function: it is used as a decorator
     ``on``: what to retry (exception types or a predicate); the default is connection errors and
     timeouts. ``attempts`` (3), ``backoff``, ``budget`` (2), ``deadline`` (30 s), ``idempotent``
     (True): :class:`RetryPolicy`'s fields and defaults, given here or as one ``policy=`` (not both).
-    ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has to
-    mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
+    ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has
+    to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
     ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
-    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both (default:
-    the layer). ``store``: where they live (default: this process's memory; ``askonce.stores.redis``).
-    ``clock``, ``sleep``, ``random``: injectable for tests and simulations.
+    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both
+    (default: the layer). ``store``: where they live (default: this process's memory;
+    ``askonce.stores.redis``). ``clock``, ``sleep``, ``random``: injectable for tests and
+    simulations.
     """
 
     def __init__(
@@ -119,9 +123,10 @@ class retry:  # spelled like a function: it is used as a decorator
         sleep: Callable[[float], object] | None = None,
         random: Callable[[], float] | None = None,
     ) -> None:
-        flat: dict[str, Any] = {name: value for name, value in (("attempts", attempts), ("backoff", backoff),
-                                                ("budget", budget), ("deadline", deadline),
-                                                ("idempotent", idempotent)) if value is not _UNSET}
+        flat: dict[str, Any] = {
+            name: value for name, value in (("attempts", attempts), ("backoff", backoff),
+                                            ("budget", budget), ("deadline", deadline),
+                                            ("idempotent", idempotent)) if value is not _UNSET}
         if policy is None:
             policy = RetryPolicy(**flat)
         elif not isinstance(policy, RetryPolicy):
@@ -162,7 +167,8 @@ class retry:  # spelled like a function: it is used as a decorator
         handle = self._breaker_handle
         if handle is None:
             store = self._store or default_store()
-            handle = self._breaker_handle = store.breaker(self._target or layer, self._breaker_policy)
+            handle = self._breaker_handle = store.breaker(self._target or layer,
+                                                          self._breaker_policy)
         return handle
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
@@ -172,10 +178,11 @@ class retry:  # spelled like a function: it is used as a decorator
         return self._mint(layer), ()
 
     def _mint(self, layer: str) -> Tab:
-        """A question for a layer with nothing bound: its own budget and deadline, the key minted lazily."""
+        """A question for a layer with nothing bound: its own budget and deadline, keyed lazily."""
         p = self.policy
         deadline = None if p.deadline is None else self._clock() + p.deadline
-        return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key)
+        return Tab(None, layer, self.originator, Account(p.budget), deadline,
+                   minter=context.new_key)
 
     # --- the decorator ----------------------------------------------------------------------------
 
@@ -185,15 +192,16 @@ class retry:  # spelled like a function: it is used as a decorator
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        if isinstance(fn, classmethod | staticmethod):  # @retry above @classmethod: wrap the function inside
+        # @retry above @classmethod: wrap the function inside
+        if isinstance(fn, classmethod | staticmethod):
             return cast(Callable[P, Any], type(fn)(self(fn.__func__)))
         if not callable(fn):
             raise ValueError(f"@askonce.retry decorates a function, got {fn!r}")
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            # Calling one only makes the generator: its failures come later, while it is iterated, where
-            # no retry could resume it. Decorate the function that makes each call instead.
-            raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): decorate the call "
-                             "inside it")
+            # Calling one only makes the generator: its failures come later, while it is iterated,
+            # where no retry could resume it. Decorate the function that makes each call instead.
+            raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): "
+                             "decorate the call inside it")
         layer = self.layer or _layer_name(fn)
         if inspect.iscoroutinefunction(fn):
             return self._async_wrapper(fn, layer)
@@ -214,16 +222,19 @@ class retry:  # spelled like a function: it is used as a decorator
         return Pass(loop, frame, judge_with(self._matches, judge_breaker), sleep)
 
     def _start(self, layer: str, sleep: Callable[[float], object]) -> Pass:
-        """A pass of the iterator form: the frame bound now (or minted), one request for the bucket."""
+        """An iterator-form pass: the frame bound now (or minted), one request for the bucket."""
         frame = self._frame(layer)
         bucket = self._bucket(layer)
         if bucket is not None:
             bucket.deposit()
         return self._pass(layer, frame, bucket, None, sleep)
 
-    def _prepare(self, layer: str) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
+    def _prepare(
+        self, layer: str
+    ) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
         """The success path's first half, shared by both shells: the frame, the bucket deposit, and
-        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline passed)."""
+        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline
+        passed)."""
         clock, policy, mint = self._clock, self.policy, self._mint
         get, guarded = _frame.get, self._breaker_policy is not None
 
@@ -272,8 +283,9 @@ class retry:  # spelled like a function: it is used as a decorator
 
         return call
 
-    def _async_wrapper(self, fn: Callable[P, Awaitable[T]], layer: str) -> Callable[P, Awaitable[T]]:
-        import asyncio  # only when an async function is decorated: `import askonce` stays asyncio-free
+    def _async_wrapper(self, fn: Callable[P, Awaitable[T]],
+                       layer: str) -> Callable[P, Awaitable[T]]:
+        import asyncio  # only for a decorated async function: `import askonce` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
