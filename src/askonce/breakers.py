@@ -1,39 +1,45 @@
-"""Circuit breakers by target: a registry, state-change callbacks, and a guard to use one on its own.
+"""Circuit breakers by target: a registry, transition callbacks, and a guard to use one on its own.
 
 ::
 
-    registry = askonce.breakers.BreakerRegistry()            # in memory; or BreakerRegistry(RedisStore(url))
-    registry.on_transition(lambda target, t: log.info("%s %s -> %s (%s)", target, t.old, t.new, t.reason))
+    registry = askonce.breakers.BreakerRegistry()  # in memory; or BreakerRegistry(RedisStore(url))
+    registry.on_transition(
+        lambda target, t: log.info("%s %s -> %s (%s)", target, t.old, t.new, t.reason))
     payments = registry.get("payments")
-    with payments.guard():                                   # raises CircuitOpen while open
+    with payments.guard():  # raises CircuitOpen while open
         call_payments()
-    payments.call(call_payments)                             # the same, without the with protocol's cost
+    payments.call(call_payments)  # the same, without the with protocol's cost
 
-A registry holds one breaker per target, named as the user names it (a host, a service, an operation),
-over a store's breaker handles: in memory they are per process, in Redis they are shared by the fleet.
-``registry_for(store)`` gives the one registry of a store (so callbacks registered there see every
-breaker of that store); ``default_registry()`` is the one of the default in-memory store.
+A registry holds one breaker per target, named as the user names it (a host, a service, an
+operation), over a store's breaker handles: in memory they are per process, in Redis they are shared
+by the fleet. ``registry_for(store)`` gives the one registry of a store (so callbacks registered
+there see every breaker of that store); ``default_registry()`` is the one of the default in-memory
+store.
 
 What a failed call says about the target is ``is_failure``'s business: an exception carrying a
-do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own 4xx,
-any other do-not-retry reason (the question ran out of budget or time, an inner breaker is open), and a
-cancellation are no verdict on the target and only free the call's probe slot (``release``).
+do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own
+4xx, any other do-not-retry reason (the question ran out of budget or time, an inner breaker is
+open), and a cancellation are no verdict on the target and only free the call's probe slot
+(``release``).
 
-While a breaker is open the guard raises :class:`askonce.errors.CircuitOpen` at once, with ``retry_at``
-(the caller's monotonic clock) and a reply that tells the caller upstream not to retry (reason
-``breaker-open``, pushback until ``retry_at``), carrying the bound question's remaining budget.
+While a breaker is open the guard raises :class:`askonce.errors.CircuitOpen` at once, with
+``retry_at`` (the caller's monotonic clock) and a reply that tells the caller upstream not to retry
+(reason ``breaker-open``, pushback until ``retry_at``), carrying the bound question's remaining
+budget.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from types import TracebackType
-from typing import Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 from weakref import WeakKeyDictionary
 
 from askonce import context
+from askonce._loop import ATTEMPT, IO, Step, aadvance, advance, no_sleep
 from askonce.context import count
 from askonce.core import is_int
 from askonce.core.breaker import BreakerPolicy, State, Transition
@@ -69,7 +75,7 @@ def _status(exc: BaseException) -> int | None:
 
 
 def is_failure(exc: BaseException) -> bool:
-    """Does this exception count against the target's health? ``False`` means: no verdict, release."""
+    """Does this exception count against the target's health? ``False``: no verdict, release."""
     if not isinstance(exc, Exception):  # cancelled, interrupted: says nothing about the target
         return False
     reply = reply_of(exc)
@@ -82,7 +88,7 @@ def is_failure(exc: BaseException) -> bool:
 
 
 def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
-    """The error for a call refused by an open breaker, with the reply the caller passes upstream."""
+    """The error for a call an open breaker refused, with the reply the caller passes upstream."""
     frame = context.current_frame()
     left = frame[0].account.left if frame is not None else 0
     key = frame[0].key if frame is not None else None
@@ -90,34 +96,31 @@ def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
     pushback = None if retry_at is None else max(0.0, retry_at - now)
     reply = Reply(left, True, "breaker-open", pushback)
     when = "" if retry_at is None else f"; next probe in {pushback:.3f} s"
-    return CircuitOpen(f"{layer}: circuit breaker for {target!r} is open{when}", reply=reply, layer=layer, key=key,
-                       attempts=0, retry_at=retry_at)
+    return CircuitOpen(f"{layer}: circuit breaker for {target!r} is open{when}", reply=reply,
+                       layer=layer, key=key, attempts=0, retry_at=retry_at)
 
 
-def _admit(b: CircuitBreaker, now: float | None) -> float:
-    """The start of one call through ``b``, or ``CircuitOpen`` while it is open: what the guard's entry decides."""
-    if now is None:
-        now = b.clock()
-    if not b.handle.allow(now):
-        raise open_error(b.target, now, b.handle.retry_at())
-    return now
-
-
-def _settle(b: CircuitBreaker, start: float, exc: BaseException | None) -> None:
-    """What the call that began at ``start`` says of the target: a success, a failure, or no verdict."""
-    end = b.clock()
-    if end < start:  # a clock that stepped back: no negative durations
-        end = start
+def _through(b: CircuitBreaker | AsyncCircuitBreaker,
+             now: float | None) -> Generator[Step, BaseException | None, None]:
+    """One call through ``b`` as the one loop's steps: ``CircuitOpen`` while open, else the call
+    (sent back: the exception it raised, or ``None``) and its verdict: a success, a failure, or
+    none."""
+    start = b.clock() if now is None else now
+    handle: Any = b.handle
+    if not (yield IO, partial(handle.allow, start)):
+        raise open_error(b.target, start, handle.retry_at())
+    exc = yield ATTEMPT, None
+    end = max(start, b.clock())  # a clock that stepped back: no negative durations
     if exc is None:
-        b.handle.record(end, success=True, duration=end - start)
+        yield IO, partial(handle.record, end, success=True, duration=end - start)
     elif _judged_failure(b.is_failure, exc):
-        b.handle.record(end, success=False, duration=end - start)
+        yield IO, partial(handle.record, end, success=False, duration=end - start)
     else:
-        b.handle.release(end)
+        yield IO, partial(handle.release, end)
 
 
 def _judged_failure(judge: Callable[[BaseException], bool], exc: BaseException) -> bool:
-    """``is_failure(exc)``; one that raises judges a failure (counted): the call's slot must still be settled."""
+    """``is_failure(exc)``; one that raises judges a failure (counted): the slot must be settled."""
     try:
         return bool(judge(exc))
     except Exception:
@@ -125,68 +128,32 @@ def _judged_failure(judge: Callable[[BaseException], bool], exc: BaseException) 
         return True
 
 
-async def _admit_async(b: AsyncCircuitBreaker, now: float | None) -> float:
-    """:func:`_admit` over an asyncio handle."""
-    if now is None:
-        now = b.clock()
-    if not await b.handle.allow(now):
-        raise open_error(b.target, now, b.handle.retry_at())
-    return now
-
-
-async def _settle_async(b: AsyncCircuitBreaker, start: float, exc: BaseException | None) -> None:
-    """:func:`_settle` over an asyncio handle."""
-    end = b.clock()
-    if end < start:
-        end = start
-    if exc is None:
-        await b.handle.record(end, success=True, duration=end - start)
-    elif _judged_failure(b.is_failure, exc):
-        await b.handle.record(end, success=False, duration=end - start)
-    else:
-        await b.handle.release(end)
-
-
 class _Guard:
-    """One call through a sync breaker: ``with`` or ``async with`` (the handle itself never awaits)."""
+    """One call through a breaker: ``with`` (a sync handle) or ``async with`` (either kind)."""
 
-    __slots__ = ("_breaker", "_now", "_start")
+    __slots__ = ("_breaker", "_loop", "_now")
 
-    def __init__(self, breaker: CircuitBreaker, now: float | None) -> None:
+    def __init__(self, breaker: CircuitBreaker | AsyncCircuitBreaker, now: float | None) -> None:
         self._breaker = breaker
         self._now = now
-        self._start = 0.0
 
     def __enter__(self) -> _Guard:
-        self._start = _admit(self._breaker, self._now)
+        self._loop = _through(self._breaker, self._now)
+        advance(self._loop, None, no_sleep)
         return self
 
-    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        _settle(self._breaker, self._start, exc)
+    def __exit__(self, t: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        advance(self._loop, exc, no_sleep)
 
     async def __aenter__(self) -> _Guard:
-        return self.__enter__()
-
-    async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        self.__exit__(t, exc, tb)
-
-
-class _AsyncGuard:
-    __slots__ = ("_breaker", "_now", "_start")
-
-    def __init__(self, breaker: AsyncCircuitBreaker, now: float | None) -> None:
-        self._breaker = breaker
-        self._now = now
-        self._start = 0.0
-
-    async def __aenter__(self) -> _AsyncGuard:
-        self._start = await _admit_async(self._breaker, self._now)
+        self._loop = _through(self._breaker, self._now)
+        await aadvance(self._loop, None, no_sleep)
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await _settle_async(self._breaker, self._start, exc)
+        await aadvance(self._loop, exc, no_sleep)
 
 
 class CircuitBreaker:
@@ -203,22 +170,24 @@ class CircuitBreaker:
         self.is_failure = is_failure
 
     def guard(self, now: float | None = None) -> _Guard:
-        """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the outcome."""
+        """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the
+        outcome."""
         return _Guard(self, now)
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``fn(*args, **kwargs)`` through the breaker: what ``with breaker.guard(): fn(...)`` does, cheaper.
+        """``fn(*args, **kwargs)`` through the breaker, as ``with breaker.guard(): fn(...)`` does.
 
-        Raises ``CircuitOpen`` (without calling ``fn``) while open; otherwise returns what ``fn`` returns,
-        or lets its exception through after recording it as ``is_failure`` says.
+        Raises ``CircuitOpen`` (without calling ``fn``) while open; otherwise returns what ``fn``
+        returns, or lets its exception through after recording it as ``is_failure`` says.
         """
-        start = _admit(self, None)
+        loop = _through(self, None)
+        advance(loop, None, no_sleep)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            _settle(self, start, exc)
+            advance(loop, exc, no_sleep)
             raise
-        _settle(self, start, None)
+        advance(loop, None, no_sleep)
         return result
 
     def state(self, now: float | None = None) -> State:
@@ -241,19 +210,20 @@ class AsyncCircuitBreaker:
         self.clock = clock
         self.is_failure = is_failure
 
-    def guard(self, now: float | None = None) -> _AsyncGuard:
+    def guard(self, now: float | None = None) -> _Guard:
         """``async with breaker.guard(): await call()``."""
-        return _AsyncGuard(self, now)
+        return _Guard(self, now)
 
     async def call(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        """``await fn(*args, **kwargs)`` through the breaker, as ``async with breaker.guard()`` would."""
-        start = await _admit_async(self, None)
+        """``await fn(*args, **kwargs)`` through the breaker, as ``async with breaker.guard()``."""
+        loop = _through(self, None)
+        await aadvance(loop, None, no_sleep)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            await _settle_async(self, start, exc)
+            await aadvance(loop, exc, no_sleep)
             raise
-        await _settle_async(self, start, None)
+        await aadvance(loop, None, no_sleep)
         return result
 
     async def state(self, now: float | None = None) -> State:
@@ -286,9 +256,10 @@ class _Registry(Generic[B]):
     def on_transition(self, callback: Listener) -> Listener:
         """Call ``callback(target, transition)`` on every state change; usable as a decorator.
 
-        Callbacks run in the thread (or task) whose call caused the change, after the breaker's lock is
-        released. With a Redis store, changes made by other processes arrive with reason ``observed``
-        when this process next looks, and changes of the local fallback with their own reasons.
+        Callbacks run in the thread (or task) whose call caused the change, after the breaker's lock
+        is released. With a Redis store, changes made by other processes arrive with reason
+        ``observed`` when this process next looks, and changes of the local fallback with their own
+        reasons.
         """
         with self._lock:
             self._callbacks = (*self._callbacks, callback)
@@ -305,7 +276,8 @@ class _Registry(Generic[B]):
             except Exception:
                 count("breaker.listener.error")
 
-    def _get(self, target: str, policy: BreakerPolicy | None, make: Callable[[BreakerPolicy], B]) -> B:
+    def _get(self, target: str, policy: BreakerPolicy | None,
+             make: Callable[[BreakerPolicy], B]) -> B:
         breaker = self._breakers.get(target)
         if breaker is None:
             with self._lock:
@@ -319,7 +291,8 @@ class _Registry(Generic[B]):
                         self._breakers.popitem(last=False)
                         count("breakers.registry.evicted")
         if policy is not None and policy != breaker.policy:
-            raise ValueError(f"breaker {target!r} already exists with another policy ({breaker.policy!r})")
+            raise ValueError(f"breaker {target!r} already exists with another policy "
+                             f"({breaker.policy!r})")
         return breaker
 
     def targets(self) -> list[str]:
@@ -331,7 +304,8 @@ class BreakerRegistry(_Registry[CircuitBreaker]):
 
     def __init__(self, store: Store | None = None, *, policy: BreakerPolicy = _DEFAULT_POLICY,
                  clock: Callable[[], float] | None = None,
-                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+                 is_failure: Callable[[BaseException], bool] = is_failure,
+                 max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
         if store is not None and not callable(getattr(store, "breaker", None)):
             raise ValueError(f"store must be a store (MemoryStore, RedisStore), got {store!r}")
@@ -351,7 +325,8 @@ class AsyncBreakerRegistry(_Registry[AsyncCircuitBreaker]):
 
     def __init__(self, store: AsyncStore, *, policy: BreakerPolicy = _DEFAULT_POLICY,
                  clock: Callable[[], float] | None = None,
-                 is_failure: Callable[[BaseException], bool] = is_failure, max_targets: int = 4096) -> None:
+                 is_failure: Callable[[BaseException], bool] = is_failure,
+                 max_targets: int = 4096) -> None:
         super().__init__(policy, clock, is_failure, max_targets)
         if not callable(getattr(store, "breaker", None)):
             raise ValueError(f"store must be an asyncio store (AsyncRedisStore), got {store!r}")
@@ -367,7 +342,7 @@ _registries_lock = threading.Lock()
 
 
 def registry_for(store: Store) -> BreakerRegistry:
-    """The one registry of a sync store, made on first use (callbacks there see all of its breakers)."""
+    """The one registry of a sync store, made on first use (its callbacks see all its breakers)."""
     with _registries_lock:
         registry = _registries.get(store)
         if registry is None:
@@ -377,6 +352,6 @@ def registry_for(store: Store) -> BreakerRegistry:
 
 def default_registry() -> BreakerRegistry:
     """The registry of ``@askonce.retry``'s default in-memory store."""
-    from askonce.retrying import default_store  # here, not at the top: retrying may import this module
+    from askonce.retrying import default_store  # not at the top: retrying may import this module
 
     return registry_for(default_store())

@@ -9,18 +9,18 @@
     │   ├── DoNotRetry         a callee said do-not-retry (overloaded, cap, ...) and it is passed on
     │   ├── RetryThrottled     this client's retry token bucket for the target is empty
     │   └── CircuitOpen        the target's breaker is open; .retry_at says when it probes again
-    └── MalformedContext       a strict parse of a header failed (the lenient paths count, not raise)
+    └── MalformedContext       a strict parse of a header failed (lenient paths count, not raise)
 
-A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent) re-raises the
-original exception instead, with the reply attached as ``exc.askonce_reply`` where Python allows it, so
-that callers keep catching what they already catch.
+A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent)
+re-raises the original exception instead, with the reply attached as ``exc.askonce_reply``
+where Python allows it, so that callers keep catching what they already catch.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from askonce.core.retry import LOCAL, REFUSED, Failure, GiveUp
+from askonce.core.retry import LOCAL, REFUSED, Failure, GiveUp, Why
 from askonce.core.wire import Reply
 
 
@@ -37,7 +37,8 @@ class GaveUp(AskonceError):
 
     reason: str | None
 
-    def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None, attempts: int) -> None:
+    def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None,
+                 attempts: int) -> None:
         super().__init__(message)
         self.reply = reply
         self.reason = reply.reason
@@ -60,15 +61,16 @@ class DeadlineExceeded(GaveUp, TimeoutError):
 
 
 class DoNotRetry(GaveUp):
-    """A callee (or this layer, over a too-long pushback) said not to retry; the reason is passed on."""
+    """A callee (or this layer, over a too-long pushback) said not to retry; the reason is
+    passed on."""
 
 
 class RetryThrottled(GaveUp):
-    """This client has used its retry tokens for the target (a ratio of its requests plus a floor)."""
+    """This client spent its retry tokens for the target (a ratio of its requests plus a floor)."""
 
 
 class CircuitOpen(GaveUp):
-    """The target's circuit breaker is open; no call is made until ``retry_at`` (monotonic seconds)."""
+    """The target's breaker is open; no call is made until ``retry_at`` (monotonic seconds)."""
 
     def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None, attempts: int,
                  retry_at: float | None = None) -> None:
@@ -76,35 +78,35 @@ class CircuitOpen(GaveUp):
         self.retry_at = retry_at
 
 
-_BY_KIND: dict[str, type[GaveUp]] = {
-    "exhausted": BudgetExhausted,
-    "deadline": DeadlineExceeded,
-    "dnr": DoNotRetry,
-    "pushback": DoNotRetry,
-    "throttled": RetryThrottled,
-    "breaker-open": CircuitOpen,
+_BY_KIND: dict[Why, type[GaveUp]] = {
+    Why.EXHAUSTED: BudgetExhausted,
+    Why.DEADLINE: DeadlineExceeded,
+    Why.DNR: DoNotRetry,
+    Why.PUSHBACK: DoNotRetry,
+    Why.THROTTLED: RetryThrottled,
+    Why.BREAKER_OPEN: CircuitOpen,
 }
 
 _MESSAGES = {
-    "exhausted": "retry budget exhausted",
-    "deadline": "deadline exceeded",
-    "dnr": "callee said do not retry",
-    "pushback": "callee asked to wait longer than this layer's max_pushback",
-    "throttled": "retry token bucket for the target is empty",
-    "breaker-open": "circuit breaker is open",
+    Why.EXHAUSTED: "retry budget exhausted",
+    Why.DEADLINE: "deadline exceeded",
+    Why.DNR: "callee said do not retry",
+    Why.PUSHBACK: "callee asked to wait longer than this layer's max_pushback",
+    Why.THROTTLED: "retry token bucket for the target is empty",
+    Why.BREAKER_OPEN: "circuit breaker is open",
 }
 
 
 def attach_reply(exc: BaseException, reply: Reply) -> None:
-    """Attach a reply to a foreign exception so an outer layer or a server middleware can read it."""
+    """Attach a reply to a foreign exception so an outer layer or server middleware can read it."""
     with contextlib.suppress(AttributeError, TypeError):  # exceptions with __slots__: nothing to do
         exc.askonce_reply = reply  # type: ignore[attr-defined]
 
 
 def reply_of(exc: object) -> Reply | None:
-    """The reply an exception (or the response it wraps, as httpx/requests status errors do) carries."""
+    """The reply an exception, or the response it wraps (httpx/requests status errors), carries."""
     reply = getattr(exc, "askonce_reply", None)
-    if reply is None:  # httpx.HTTPStatusError / requests.HTTPError: the give-up rode on the response
+    if reply is None:  # httpx.HTTPStatusError, requests.HTTPError: the give-up rode on the response
         reply = getattr(getattr(exc, "response", None), "askonce_reply", None)
     return reply if isinstance(reply, Reply) else None
 
@@ -112,10 +114,11 @@ def reply_of(exc: object) -> Reply | None:
 def failure_of(exc: BaseException) -> Failure:
     """What an exception says about a failed in-process attempt.
 
-    Budget held for calls to other processes is settled where the call is made (``askonce.outgoing``),
-    so here the delivery is local; an exception marked ``askonce_reached = False`` (the request provably
-    never left) lets a non-idempotent call be retried. ``askonce_reply`` carries a callee's
-    do-not-retry upward; ``askonce_retry_after`` (seconds) lengthens the wait.
+    Budget held for calls to other processes is settled where the call is made
+    (``askonce.outgoing``), so here the delivery is local; an exception marked
+    ``askonce_reached = False`` (the request provably never left) lets a non-idempotent call be
+    retried. ``askonce_reply`` carries a callee's do-not-retry upward; ``askonce_retry_after``
+    (seconds) lengthens the wait.
     """
     retry_after = getattr(exc, "askonce_retry_after", None)
     return Failure(
@@ -128,17 +131,20 @@ def failure_of(exc: BaseException) -> Failure:
 
 def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: str | None,
               attempts: int, retry_at: float | None = None) -> BaseException:
-    """The exception a shell raises for a give-up: ours for askonce's limits, the original otherwise."""
+    """The exception a shell raises for a give-up: ours for askonce's limits, else the original."""
     if isinstance(last, GaveUp) and give_up.reply.dnr:
-        return last  # an inner layer already gave up for the question; adding a wrapper says nothing new
+        return last  # an inner layer already gave up for the question: a wrapper adds nothing
     cls = _BY_KIND.get(give_up.kind)
     if cls is None:
         if last is None:  # cannot happen for the layer's own limits, which follow an attempt
             return AskonceError(f"{layer}: gave up ({give_up.kind})")
         attach_reply(last, give_up.reply)
         return last
-    detail = f" ({give_up.reply.reason})" if give_up.kind == "dnr" and give_up.reply.reason else ""
-    message = f"{layer}: {_MESSAGES[give_up.kind]}{detail} after {attempts} attempt(s), question {key}"
+    detail = (f" ({give_up.reply.reason})" if give_up.kind is Why.DNR and give_up.reply.reason
+              else "")
+    message = (f"{layer}: {_MESSAGES[give_up.kind]}{detail} after {attempts} attempt(s), "
+               f"question {key}")
     if cls is CircuitOpen:
-        return CircuitOpen(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts, retry_at=retry_at)
+        return CircuitOpen(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts,
+                           retry_at=retry_at)
     return cls(message, reply=give_up.reply, layer=layer, key=key, attempts=attempts)

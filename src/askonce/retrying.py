@@ -1,8 +1,8 @@
 """``@askonce.retry``: thin sync and async shells over :mod:`askonce.core.retry`.
 
 The shells only bind the question, run attempts, sleep, and translate a give-up into an exception;
-every decision is ``RetryState``'s. A layer with no bound question mints one (lazily keyed) so that inner
-layers in the same process draw on the same budget instead of each bringing their own.
+every decision is ``RetryState``'s. A layer with no bound question mints one (lazily keyed) so that
+inner layers in the same process draw on the same budget instead of each bringing their own.
 
 Two forms, one object::
 
@@ -20,19 +20,18 @@ import functools
 import inspect
 import random as _random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
-from functools import partial
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from askonce import context
-from askonce._attempts import AttemptContext, _Run
+from askonce._loop import AttemptContext, Pass, Tried, judge_with, steps
 from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
-from askonce.core.question import Account, Hop, Tab
-from askonce.core.retry import Acquire, Attempt, GiveUp, RetryPolicy, RetryState, Wait, fits
+from askonce.core.question import Account, Frame, Hop, Tab
+from askonce.core.retry import RetryPolicy, RetryState, fits
 from askonce.core.wire import valid_name
-from askonce.errors import error_for, failure_of
+from askonce.errors import failure_of
 from askonce.stores.base import BreakerHandle, BucketHandle, Store
 
 if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
@@ -40,6 +39,8 @@ if TYPE_CHECKING:  # the breaker module is imported only when a breaker is confi
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+_UNSET: Any = object()  # an argument not given: RetryPolicy's default, and policy= may be given
 
 OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
@@ -62,11 +63,13 @@ _ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicat
 
 
 def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
-    # KeyboardInterrupt, SystemExit, GeneratorExit and asyncio's CancelledError are not failures of a call:
-    # retrying one would swallow a Ctrl-C or a cancellation. A type is refused; a predicate never sees them.
+    # KeyboardInterrupt, SystemExit, GeneratorExit and asyncio's CancelledError are not failures
+    # of a call: retrying one would swallow a Ctrl-C or a cancellation. A type is refused; a
+    # predicate never sees them.
     if isinstance(on, type):
         if not issubclass(on, Exception):
-            raise ValueError(f"{_ON} (never retried: BaseExceptions such as KeyboardInterrupt), got {on!r}")
+            raise ValueError(f"{_ON} (never retried: BaseExceptions such as KeyboardInterrupt), "
+                             f"got {on!r}")
         return lambda exc: isinstance(exc, on)
     if isinstance(on, tuple):
         if not on or not all(isinstance(t, type) and issubclass(t, Exception) for t in on):
@@ -79,37 +82,37 @@ def _predicate(on: OnSpec) -> Callable[[BaseException], bool]:
 
 
 def _layer_name(fn: Callable[..., Any]) -> str:
-    name = "".join(c if c.isalnum() or c in "_.-" else "." for c in getattr(fn, "__qualname__", "call"))
+    name = "".join(c if c.isalnum() or c in "_.-" else "."
+                   for c in getattr(fn, "__qualname__", "call"))
     name = name.lstrip("0123456789_.-") or "call"
     return name[:32]
-
-
-_ATTEMPT, _SLEEP, _IO = "attempt", "sleep", "io"
-Step = tuple[str, Any]  # (_ATTEMPT, frame) | (_SLEEP, seconds) | (_IO, a store call, maybe awaitable)
 
 
 class retry:  # spelled like a function: it is used as a decorator
     """A retrying layer: a decorator for sync and ``async`` functions, and an iterable of attempts.
 
     ``on``: what to retry (exception types or a predicate); the default is connection errors and
-    timeouts. ``attempts``: this layer's own limit. ``budget``/``deadline``: used only when this layer
-    has to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
+    timeouts. ``attempts`` (3), ``backoff``, ``budget`` (2), ``deadline`` (30 s), ``idempotent``
+    (True): :class:`RetryPolicy`'s fields and defaults, given here or as one ``policy=`` (not both).
+    ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has
+    to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
     ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
-    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both (default:
-    the layer). ``store``: where they live (default: this process's memory; ``askonce.stores.redis``).
-    ``clock``, ``sleep``, ``random``: injectable for tests and simulations.
+    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both
+    (default: the layer). ``store``: where they live (default: this process's memory;
+    ``askonce.stores.redis``). ``clock``, ``sleep``, ``random``: injectable for tests and
+    simulations.
     """
 
     def __init__(
         self,
         on: OnSpec = DEFAULT_ON,
         *,
-        attempts: int = 3,
+        attempts: int = _UNSET,
         layer: str | None = None,
-        backoff: Backoff = Backoff(),
-        budget: int = 2,
-        deadline: float | None = 30.0,
-        idempotent: bool = True,
+        backoff: Backoff = _UNSET,
+        budget: int = _UNSET,
+        deadline: float | None = _UNSET,
+        idempotent: bool = _UNSET,
         bucket: BucketPolicy | None = DEFAULT_BUCKET,
         breaker: BreakerPolicy | None = None,
         target: str | None = None,
@@ -120,8 +123,18 @@ class retry:  # spelled like a function: it is used as a decorator
         sleep: Callable[[float], object] | None = None,
         random: Callable[[], float] | None = None,
     ) -> None:
-        self.policy = policy or RetryPolicy(attempts=attempts, backoff=backoff, budget=budget,
-                                            deadline=deadline, idempotent=idempotent)
+        flat: dict[str, Any] = {
+            name: value for name, value in (("attempts", attempts), ("backoff", backoff),
+                                            ("budget", budget), ("deadline", deadline),
+                                            ("idempotent", idempotent)) if value is not _UNSET}
+        if policy is None:
+            policy = RetryPolicy(**flat)
+        elif not isinstance(policy, RetryPolicy):
+            raise ValueError(f"policy must be an askonce.RetryPolicy, got {policy!r}")
+        elif flat:
+            raise ValueError(f"give either policy= or {', '.join(sorted(flat))}=, not both: "
+                             "a policy already holds them")
+        self.policy = policy
         if layer is not None and not valid_name(layer):
             raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {layer!r}")
         self.layer = layer
@@ -154,7 +167,8 @@ class retry:  # spelled like a function: it is used as a decorator
         handle = self._breaker_handle
         if handle is None:
             store = self._store or default_store()
-            handle = self._breaker_handle = store.breaker(self._target or layer, self._breaker_policy)
+            handle = self._breaker_handle = store.breaker(self._target or layer,
+                                                          self._breaker_policy)
         return handle
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
@@ -164,18 +178,11 @@ class retry:  # spelled like a function: it is used as a decorator
         return self._mint(layer), ()
 
     def _mint(self, layer: str) -> Tab:
-        """A question for a layer with nothing bound: its own budget and deadline, the key minted lazily."""
+        """A question for a layer with nothing bound: its own budget and deadline, keyed lazily."""
         p = self.policy
         deadline = None if p.deadline is None else self._clock() + p.deadline
-        return Tab(None, layer, self.originator, Account(p.budget), deadline, minter=context.new_key)
-
-    def _raise(self, give_up: GiveUp, last: BaseException | None, state: RetryState,
-               retry_at: float | None = None) -> None:
-        err = error_for(give_up, last, layer=state.layer, key=state.tab.key, attempts=state.attempt,
-                        retry_at=retry_at)
-        if err is last:
-            raise err
-        raise err from last
+        return Tab(None, layer, self.originator, Account(p.budget), deadline,
+                   minter=context.new_key)
 
     # --- the decorator ----------------------------------------------------------------------------
 
@@ -185,69 +192,49 @@ class retry:  # spelled like a function: it is used as a decorator
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
 
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        if isinstance(fn, classmethod | staticmethod):  # @retry above @classmethod: wrap the function inside
+        # @retry above @classmethod: wrap the function inside
+        if isinstance(fn, classmethod | staticmethod):
             return cast(Callable[P, Any], type(fn)(self(fn.__func__)))
         if not callable(fn):
             raise ValueError(f"@askonce.retry decorates a function, got {fn!r}")
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            # Calling one only makes the generator: its failures come later, while it is iterated, where
-            # no retry could resume it. Decorate the function that makes each call instead.
-            raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): decorate the call "
-                             "inside it")
+            # Calling one only makes the generator: its failures come later, while it is iterated,
+            # where no retry could resume it. Decorate the function that makes each call instead.
+            raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): "
+                             "decorate the call inside it")
         layer = self.layer or _layer_name(fn)
         if inspect.iscoroutinefunction(fn):
             return self._async_wrapper(fn, layer)
         return self._sync_wrapper(fn, layer)
 
-    def _steps(self, layer: str, tab: Tab, path: tuple[Hop, ...], bucket: BucketHandle | None,
-               last: BaseException | None) -> Generator[Step, Any, Any]:
-        """Every attempt after a failure (or from the first, when a breaker or deadline must judge it).
+    def _pass(self, layer: str, frame: Frame, bucket: BucketHandle | None, first: Tried | None,
+              sleep: Callable[[float], object]) -> Pass:
+        """The loop from the first attempt (or after ``first``, made by the fast path)."""
+        breaker = self._breaker(layer)
+        judge_breaker: Callable[[BaseException], bool] | None = None
+        if breaker is not None:
+            from askonce.breakers import is_failure
 
-        One generator for both shells: it yields what needs doing (run an attempt with a frame bound,
-        sleep, or a store call that may be I/O) and receives the outcome; the sync and async drivers only
-        perform the steps. Every decision is RetryState's; give-ups are raised from here.
-        """
-        clock, policy = self._clock, self.policy
-        breaker: Any = self._breaker(layer)  # a sync handle, or an asyncio-Redis one the driver awaits
-        state = RetryState(policy, tab, layer, bucket is not None)
-        action: Attempt | Wait | Acquire | GiveUp = Wait(0.0)
-        if last is None:
-            action = state.start(clock())
-        while True:
-            if last is not None:
-                action = state.on_failure(failure_of(last), clock(), self._random())
-                if type(action) is Acquire:
-                    now = clock()
-                    ok = bucket is not None and (yield _IO, partial(bucket.withdraw, now))
-                    action = state.acquired(bool(ok), now)
-                if type(action) is Wait:
-                    if action.seconds > 0:
-                        yield _SLEEP, action.seconds
-                    action = state.resume(clock())
-            if type(action) is not Attempt:
-                self._raise(cast(GiveUp, action), last, state)
-            started = clock()
-            if breaker is not None and not (yield _IO, partial(breaker.allow, started)):
-                retry_at = breaker.retry_at()
-                self._raise(state.breaker_open(started, retry_at), last, state, retry_at)
-            ok, outcome = yield _ATTEMPT, (tab, (*path, cast(Attempt, action).hop))
-            ended = clock() if breaker is not None else 0.0
-            if ok:
-                if breaker is not None:
-                    yield _IO, partial(breaker.record, ended, success=True, duration=ended - started)
-                return outcome
-            if breaker is not None:
-                from askonce.breakers import is_failure
+            judge_breaker = is_failure
+        state = RetryState(self.policy, frame[0], layer, bucket is not None)
+        loop = steps(state, clock=self._clock, random=self._random, bucket=bucket, breaker=breaker,
+                     first=first)
+        return Pass(loop, frame, judge_with(self._matches, judge_breaker), sleep)
 
-                yield _IO, (partial(breaker.record, ended, success=False, duration=ended - started)
-                            if is_failure(outcome) else partial(breaker.release, ended))
-            if not self._matches(outcome):
-                raise outcome
-            last = outcome
+    def _start(self, layer: str, sleep: Callable[[float], object]) -> Pass:
+        """An iterator-form pass: the frame bound now (or minted), one request for the bucket."""
+        frame = self._frame(layer)
+        bucket = self._bucket(layer)
+        if bucket is not None:
+            bucket.deposit()
+        return self._pass(layer, frame, bucket, None, sleep)
 
-    def _prepare(self, layer: str) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
+    def _prepare(
+        self, layer: str
+    ) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
         """The success path's first half, shared by both shells: the frame, the bucket deposit, and
-        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline passed)."""
+        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline
+        passed)."""
         clock, policy, mint = self._clock, self.policy, self._mint
         get, guarded = _frame.get, self._breaker_policy is not None
 
@@ -273,122 +260,65 @@ class retry:  # spelled like a function: it is used as a decorator
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
         set_, reset = _frame.set, _frame.reset
 
-        def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
-            step = next(steps)
-            while True:
-                kind, what = step
-                answer: Any = None
-                if kind is _ATTEMPT:
-                    token = set_(what)
-                    try:
-                        answer = (True, fn(*args, **kwargs))
-                    except BaseException as exc:
-                        answer = (False, exc)
-                    finally:
-                        reset(token)
-                elif kind is _SLEEP:
-                    sleep(what)
-                else:
-                    answer = what()
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    return cast(T, done.value)
-
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             # The success path, kept flat: one context read, one bind, no state object.
             tab, path, bucket, full = prepare()
-            if full:
-                return drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
-            token = set_((tab, path + first))
-            try:
-                return fn(*args, **kwargs)
-            except BaseException as exc:
-                if not matches(exc):
-                    raise
-                last = exc
-            finally:
-                reset(token)
-            return drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
+            tried = None
+            if not full:
+                token = set_((tab, path + first))
+                try:
+                    return fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    tried = Tried(failure_of(exc), None, error=exc)
+                finally:
+                    reset(token)
+            result: Any = None
+            for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+                with attempt:
+                    result = fn(*args, **kwargs)
+            return cast(T, result)
 
         return call
 
-    def _async_wrapper(self, fn: Callable[P, Awaitable[T]], layer: str) -> Callable[P, Awaitable[T]]:
-        import asyncio  # only when an async function is decorated: `import askonce` stays asyncio-free
+    def _async_wrapper(self, fn: Callable[P, Awaitable[T]],
+                       layer: str) -> Callable[P, Awaitable[T]]:
+        import asyncio  # only for a decorated async function: `import askonce` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
         set_, reset = _frame.set, _frame.reset
 
-        async def drive(steps: Generator[Step, Any, Any], args: Any, kwargs: Any) -> T:
-            step = next(steps)
-            while True:
-                kind, what = step
-                answer: Any = None
-                if kind is _ATTEMPT:
-                    token = set_(what)
-                    try:
-                        answer = (True, await fn(*args, **kwargs))
-                    except BaseException as exc:
-                        answer = (False, exc)
-                    finally:
-                        reset(token)
-                else:
-                    answer = sleep(what) if kind is _SLEEP else what()
-                    if inspect.isawaitable(answer):
-                        answer = await answer
-                try:
-                    step = steps.send(answer)
-                except StopIteration as done:
-                    return cast(T, done.value)
-
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             tab, path, bucket, full = prepare()
-            if full:
-                return await drive(self._steps(layer, tab, path, bucket, None), args, kwargs)
-            token = set_((tab, path + first))
-            try:
-                return await fn(*args, **kwargs)
-            except BaseException as exc:
-                if not matches(exc):
-                    raise
-                last = exc
-            finally:
-                reset(token)
-            return await drive(self._steps(layer, tab, path, bucket, last), args, kwargs)
+            tried = None
+            if not full:
+                token = set_((tab, path + first))
+                try:
+                    return await fn(*args, **kwargs)
+                except BaseException as exc:
+                    if not matches(exc):
+                        raise
+                    tried = Tried(failure_of(exc), None, error=exc)
+                finally:
+                    reset(token)
+            result: Any = None
+            async for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+                async with attempt:
+                    result = await fn(*args, **kwargs)
+            return cast(T, result)
 
         return call
 
     # --- the iterator form ------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[AttemptContext]:
-        layer = self.layer or "block"
-        sleep = self._sleep or time.sleep
-        run = _Run(self, layer)
-        while True:
-            ctx = run.next_attempt()
-            yield ctx
-            if ctx.done:
-                return
-            wait = run.after(ctx)
-            if wait > 0:
-                sleep(wait)
+        return iter(self._start(self.layer or "block", self._sleep or time.sleep))
 
-    async def __aiter__(self) -> AsyncIterator[AttemptContext]:
+    def __aiter__(self) -> AsyncIterator[AttemptContext]:
         import asyncio
 
-        layer = self.layer or "block"
-        sleep = self._sleep or asyncio.sleep
-        run = _Run(self, layer)
-        while True:
-            ctx = run.next_attempt()
-            yield ctx
-            if ctx.done:
-                return
-            wait = run.after(ctx)
-            if wait > 0:
-                result = sleep(wait)
-                if inspect.isawaitable(result):
-                    await result
+        return self._start(self.layer or "block", self._sleep or asyncio.sleep).__aiter__()

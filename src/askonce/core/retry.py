@@ -1,7 +1,7 @@
 """The retry state machine: given a failure, the clock and a random draw, decide what happens next.
 
-The shells (``askonce.retrying``, the integrations, the simulator) run a loop of three steps and keep
-no decision of their own::
+The shells (``askonce.retrying``, the integrations, the simulator) run a loop of three steps and
+keep no decision of their own::
 
     state = RetryState(policy, tab, layer)
     action = state.start(now)                 # Attempt | GiveUp
@@ -15,10 +15,11 @@ no decision of their own::
 
 1. what is safe to retry: the failure must be retryable, and a non-idempotent request that may have
    reached the callee is never retried;
-2. the account: what was held for a call to another process is settled (``settle``): a reply returns
-   what the callee left; a failure with *no* response after the request was sent (read timeout, reset)
-   counts as if the callee spent all it was forwarded (fail closed), unless the request provably never
-   reached it (refused, connect timeout); then the budget must hold one more retry;
+2. the account: what was held for a call to another process is settled (``settle``): a reply
+   returns what the callee left; a failure with *no* response after the request was sent (read
+   timeout, reset) counts as if the callee spent all it was forwarded (fail closed), unless the
+   request provably never reached it (refused, connect timeout); then the budget must hold one
+   more retry;
 3. the deadline: no retry that cannot start (and run ``min_attempt``) before it;
 4. the callee's do-not-retry flag, which is passed on upward;
 5. pushback and Retry-After, which lengthen the wait (and beyond ``max_pushback`` end the question);
@@ -33,6 +34,7 @@ lower budget before this layer even sleeps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 from askonce.core import is_int, is_real
@@ -43,7 +45,7 @@ from askonce.core.wire import MAX_ATTEMPT, Reply
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """One layer's retry rules. ``budget`` and ``deadline`` apply only to questions this layer mints."""
+    """One layer's retry rules; ``budget`` and ``deadline`` apply only to questions it mints."""
 
     attempts: int = 3
     backoff: Backoff = Backoff()
@@ -54,24 +56,27 @@ class RetryPolicy:
     max_pushback: float = 60.0
 
     def __post_init__(self) -> None:
-        if not is_int(self.attempts) or not 1 <= self.attempts <= MAX_ATTEMPT:  # not a bool, float or str
-            raise ValueError(f"attempts must be an integer within 1..{MAX_ATTEMPT}, got {self.attempts!r}")
+        # An int: not a bool, float or str.
+        if not is_int(self.attempts) or not 1 <= self.attempts <= MAX_ATTEMPT:
+            raise ValueError(f"attempts must be an integer within 1..{MAX_ATTEMPT}, "
+                             f"got {self.attempts!r}")
         if not is_int(self.budget) or not 0 <= self.budget <= 1000:
             raise ValueError(f"budget must be an integer within 0..1000, got {self.budget!r}")
         if not isinstance(self.backoff, Backoff):
             raise ValueError(f"backoff must be an askonce.Backoff, got {self.backoff!r}")
-        if not isinstance(self.idempotent, bool):  # "no" is truthy: every call would be retried as safe
+        # "no" is truthy: every call would be retried as safe
+        if not isinstance(self.idempotent, bool):
             raise ValueError(f"idempotent must be True or False, got {self.idempotent!r}")
-        if self.deadline is not None and not (is_real(self.deadline) and 0 < self.deadline <= 86_400):
+        if self.deadline is not None and not (is_real(self.deadline)
+                                              and 0 < self.deadline <= 86_400):
             raise ValueError(f"deadline must be within (0, 86400] s or None, got {self.deadline!r}")
         if not (is_real(self.min_attempt) and 0 <= self.min_attempt <= 3600):
             raise ValueError(f"min_attempt must be within 0..3600 s, got {self.min_attempt!r}")
         if self.deadline is not None and self.min_attempt >= self.deadline:
-            raise ValueError("min_attempt must be shorter than the deadline, or no attempt could ever start")
+            raise ValueError("min_attempt must be shorter than the deadline, "
+                             "or no attempt could ever start")
         if not (is_real(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
-
-
 
 
 LOCAL = "local"  # an in-process call: the callee spends from the same account, nothing to infer
@@ -98,9 +103,10 @@ class Failure:
 def settle(account: Account, held: int, delivery: str, reply: Reply | None) -> None:
     """Settle the budget held for a call to another process once its outcome is known.
 
-    A reply returns what it says is left (never more than was held). A response without one comes from a
-    callee that is not askonce-aware and so spent nothing of ours. A refused call spent nothing. A lost
-    call (sent, no response) may have spent everything it was forwarded: fail closed, return nothing.
+    A reply returns what it says is left (never more than was held). A response without one comes
+    from a callee that is not askonce-aware and so spent nothing of ours. A refused call spent
+    nothing. A lost call (sent, no response) may have spent everything it was forwarded: fail
+    closed, return nothing.
     """
     if delivery == LOST and reply is None:
         return
@@ -112,25 +118,28 @@ def settle(account: Account, held: int, delivery: str, reply: Reply | None) -> N
 
 # Two deadlines within a millisecond are the same: the header carries whole milliseconds.
 _SAME_DEADLINE = 0.001
-# What a hop keeps back of the question's own deadline for its callee's answer to reach it (with a grace).
+# With a grace, what a hop keeps back of the question's own deadline for its callee's answer to
+# reach it.
 QUESTION_MARGIN = 0.02
 
 
-Sent = tuple[float, float | None]  # an attempt's (seconds given to the callee, the question's seconds left)
+# An attempt's (seconds given to the callee, the question's seconds left).
+Sent = tuple[float, float | None]
 
 
 def attempt_window(limit: float | None, grace: float, deadline: float | None,
                    now: float) -> tuple[float | None, Sent | None]:
-    """The seconds an attempt sent at ``now`` gives its callee, and what :func:`own_deadline` will need.
+    """The seconds an attempt sent at ``now`` gives its callee, and what :func:`own_deadline` needs.
 
-    ``limit``: how long the caller waits; ``deadline``: the question's. The callee gets ``grace`` seconds
-    fewer, and never more than a tenth of ``limit`` fewer: an askonce callee answers at its deadline with
-    the budget it has left, and that answer must arrive while the caller still waits, or the call is lost
-    and what it forwarded is forfeited (fail closed). Where the question's deadline, not the attempt's
-    timeout, sets the limit, a retry after the callee's answer could not fit anyway; what the answer still
-    brings back is the budget it reports, for the callers above, so the callee loses only
-    ``QUESTION_MARGIN`` of the question's time at each hop instead of the whole grace. Without a grace (or a
-    limit) the callee gets the limit and nothing is noted: its answer at that deadline stays a do-not-retry.
+    ``limit``: how long the caller waits; ``deadline``: the question's. The callee gets ``grace``
+    seconds fewer, and never more than a tenth of ``limit`` fewer: an askonce callee answers at its
+    deadline with the budget it has left, and that answer must arrive while the caller still waits,
+    or the call is lost and what it forwarded is forfeited (fail closed). Where the question's
+    deadline, not the attempt's timeout, sets the limit, a retry after the callee's answer could not
+    fit anyway; what the answer still brings back is the budget it reports, for the callers above,
+    so the callee loses only ``QUESTION_MARGIN`` of the question's time at each hop instead of the
+    whole grace. Without a grace (or a limit) the callee gets the limit and nothing is noted: its
+    answer at that deadline stays a do-not-retry.
     """
     if limit is None or grace <= 0:
         return limit, None
@@ -144,11 +153,11 @@ def attempt_window(limit: float | None, grace: float, deadline: float | None,
 def own_deadline(failure: Failure, forwarded: float | None, left: float | None) -> Failure:
     """A callee's ``deadline`` give-up, read against the deadline this caller gave it.
 
-    If the attempt gave the callee less time than the question had left (``forwarded`` < ``left`` by more
-    than ``QUESTION_MARGIN``, both seconds at sending; ``left`` ``None``: no question deadline), the
-    callee ran out of *this attempt's* time, not the question's: a timeout that the callee answered. It
-    is retried like a timeout, with the budget the reply says is left, and the question's own deadline
-    and budget still decide. Any other failure is returned as it is.
+    If the attempt gave the callee less time than the question had left (``forwarded`` < ``left`` by
+    more than ``QUESTION_MARGIN``, both seconds at sending; ``left`` ``None``: no question
+    deadline), the callee ran out of *this attempt's* time, not the question's: a timeout that the
+    callee answered. It is retried like a timeout, with the budget the reply says is left, and the
+    question's own deadline and budget still decide. Any other failure is returned as it is.
     """
     reply = failure.reply
     if reply is None or not reply.dnr or reply.reason != "deadline" or forwarded is None:
@@ -177,11 +186,25 @@ class Acquire(NamedTuple):
     target: str | None = None
 
 
+class Why(StrEnum):
+    """Why a layer gave up. The first six are askonce's limits (an askonce exception); the last
+    three are the layer's own (the original error is re-raised, the reply attached)."""
+
+    EXHAUSTED = "exhausted"  # the question's budget is spent
+    DEADLINE = "deadline"  # no attempt fits before the question's deadline
+    DNR = "dnr"  # a callee said do-not-retry; passed on
+    PUSHBACK = "pushback"  # a callee asked to wait longer than max_pushback
+    THROTTLED = "throttled"  # the per-target retry token bucket is empty
+    BREAKER_OPEN = "breaker-open"  # the target's circuit breaker refused the attempt
+    NOT_RETRYABLE = "not-retryable"  # the failure is not one this layer retries
+    NOT_IDEMPOTENT = "not-idempotent"  # an unsafe request that may have reached the callee
+    ATTEMPTS = "attempts"  # this layer's own attempt limit
+
+
 class GiveUp(NamedTuple):
     """The end of this layer's tries. ``kind`` says why; ``reply`` is what to tell the caller."""
 
-    kind: str  # "not-retryable" | "not-idempotent" | "exhausted" | "deadline" | "dnr" | "pushback"
-    # | "attempts" | "throttled"
+    kind: Why
     reply: Reply
 
     @property
@@ -190,7 +213,7 @@ class GiveUp(NamedTuple):
 
 
 def fits(policy: RetryPolicy, deadline: float | None, now: float, wait: float = 0.0) -> bool:
-    """May an attempt start after ``wait`` seconds and still have ``min_attempt`` before the deadline?
+    """May an attempt start after ``wait`` seconds and have ``min_attempt`` before the deadline?
 
     The first-attempt check of :meth:`RetryState.start`, exposed so that a shell's success path can
     make it without building a state for a call that will most likely succeed.
@@ -220,7 +243,8 @@ class RetryState:
         return self.held
 
     def unsent(self) -> None:
-        """The attempt :meth:`forward` held for was never sent (its header could not be built): give it back."""
+        """The attempt :meth:`forward` held for was never sent (its header could not be built):
+        give back what was held."""
         self._settle(REFUSED, None)
 
     def given(self, limit: float | None, grace: float, now: float) -> float | None:
@@ -235,7 +259,7 @@ class RetryState:
             held, self.held = self.held, 0
             settle(self.tab.account, held, delivery, reply)
 
-    def _give_up(self, kind: str, dnr: bool = False, reason: str | None = None,
+    def _give_up(self, kind: Why, dnr: bool = False, reason: str | None = None,
                  pushback: float | None = None) -> GiveUp:
         return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
 
@@ -245,7 +269,7 @@ class RetryState:
     def start(self, now: float) -> Attempt | GiveUp:
         """The first attempt, unless the deadline has already passed."""
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(1, Hop(self.layer, 1))
 
     def on_failure(self, failure: Failure, now: float, u: float) -> Wait | Acquire | GiveUp:
@@ -255,21 +279,23 @@ class RetryState:
         policy, account, reply = self.policy, self.tab.account, failure.reply
         self._settle(failure.delivery, reply)
         if not failure.retryable:
-            return self._give_up("not-retryable", *_passed_on(reply))
+            return self._give_up(Why.NOT_RETRYABLE, *_passed_on(reply))
         if not policy.idempotent and failure.delivery != REFUSED:
-            return self._give_up("not-idempotent", *_passed_on(reply))
+            return self._give_up(Why.NOT_IDEMPOTENT, *_passed_on(reply))
         if account.left < 1:
-            return self._give_up("exhausted", True, "exhausted")
+            return self._give_up(Why.EXHAUSTED, True, "exhausted")
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         if reply is not None and reply.dnr:
-            return self._give_up("dnr", True, reply.reason, reply.pushback)
+            return self._give_up(Why.DNR, True, reply.reason, reply.pushback)
         pushback = reply.pushback if reply is not None and reply.pushback is not None else 0.0
         floor = max(pushback, failure.retry_after or 0.0)
-        if not floor <= policy.max_pushback:  # NaN too (an in-process reply's): a wait nobody can tell is not waited
-            return self._give_up("pushback", True, "overloaded", floor if floor == floor else None)
+        # `not <=` gives up on NaN too (an in-process reply's): a wait nobody can tell isn't waited.
+        if not floor <= policy.max_pushback:
+            return self._give_up(Why.PUSHBACK, True, "overloaded",
+                                 floor if floor == floor else None)
         if self.attempt >= policy.attempts:
-            return self._give_up("attempts")
+            return self._give_up(Why.ATTEMPTS)
         self._floor, self._u = floor, u
         if self.bucket:
             return Acquire()
@@ -278,28 +304,28 @@ class RetryState:
     def acquired(self, ok: bool, now: float) -> Wait | GiveUp:
         """The shell took (or failed to take) the retry token that ``Acquire`` asked for."""
         if not ok:
-            return self._give_up("throttled", True, "throttled")
+            return self._give_up(Why.THROTTLED, True, "throttled")
         return self._backoff(now)
 
     def _backoff(self, now: float) -> Wait | GiveUp:
         account = self.tab.account
         wait = max(self._floor, self.policy.backoff.delay(self.attempt, self._u))
         if not self._fits(now, wait):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         if not account.spend(1):  # a sibling took the last retry between our check and now
-            return self._give_up("exhausted", True, "exhausted")
+            return self._give_up(Why.EXHAUSTED, True, "exhausted")
         self.attempt += 1
         return Wait(wait)
 
     def breaker_open(self, now: float, retry_at: float | None) -> GiveUp:
-        """The target's breaker refused the attempt: tell the caller not to retry, and when to come back."""
+        """The breaker refused the attempt: tell the caller not to retry, and when to come back."""
         pushback = None if retry_at is None else max(0.0, retry_at - now)
-        return self._give_up("breaker-open", True, "breaker-open", pushback)
+        return self._give_up(Why.BREAKER_OPEN, True, "breaker-open", pushback)
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
         if not self._fits(now, 0.0):
-            return self._give_up("deadline", True, "deadline")
+            return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(self.attempt, Hop(self.layer, self.attempt))
 
     def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
@@ -309,7 +335,7 @@ class RetryState:
 
 
 def _passed_on(reply: Reply | None) -> tuple[bool, str | None, float | None]:
-    """A give-up for our own reasons still passes on a callee's do-not-retry, so no one above retries."""
+    """A give-up of our own still passes on a callee's do-not-retry, so no one above retries."""
     if reply is not None and reply.dnr:
         return True, reply.reason, reply.pushback
     return False, None, None

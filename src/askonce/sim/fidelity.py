@@ -32,6 +32,7 @@ Results, tolerance: ``docs/results.md``, "Fidelity: the simulator against the de
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -40,6 +41,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from askonce._loop import Tried
 from askonce.core.backoff import Backoff
 from askonce.core.question import Account, Tab
 from askonce.core.retry import LOST, Failure
@@ -106,6 +108,10 @@ def world_for(scenario: Scenario, *, latency: float = HOP_LATENCY) -> World:
         horizon=None if trigger is None else scenario.duration, settle=0.0,
         bin=1.0 if trigger is None else 0.1,
     )  # fmt: skip
+
+
+class _Cut(Exception):
+    """An attempt the middleware cancelled at the question's deadline."""
 
 
 class _AllStats(Stats):
@@ -207,9 +213,8 @@ class DemoSim(Sim):
             return
         c.out = None
         now = self.engine.now
-        if c.breaker is not None:
-            c.breaker.release(now)
-        c.state.on_failure(Failure(False, None, LOST), now, 0.0)
+        with contextlib.suppress(_Cut):  # the loop settles it as lost, frees the breaker's slot
+            self._drive(c, Tried(Failure(False, None, LOST), None, error=_Cut(), fatal=True), now)
         self._finish(c, False, Reply(c.tab.left, True, "deadline"), now)
 
     def on_arrive(self, c: Call) -> None:

@@ -1,52 +1,51 @@
-"""The simulated stack: clients, retrying layers and a target, each hop driving the library's own core.
+"""The simulated stack: clients, retrying layers and a target, each hop driving the library's core.
 
-A question is minted by a client (``mint_key`` with the run's seeded random bytes) and served by layer 1,
-which calls layer 2, ... which calls the target. Every hop is a separate process in the model: it gets
-its own :class:`~askonce.core.question.Tab` (a copy of the budget that arrived, like
-``context.tab_from``), makes every decision with a :class:`~askonce.core.retry.RetryState`, holds what it
-forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply` or, after a
-per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does. Token buckets,
-breakers and the target's :class:`~askonce.core.ledger.Ledger` are the core classes too. The model only
-moves messages and keeps time.
+A question is minted by a client (``mint_key`` with the run's seeded random bytes) and served by
+layer 1, which calls layer 2, ... which calls the target. Every hop is a separate process in the
+model: it gets its own :class:`~askonce.core.question.Tab` (a copy of the budget that arrived, like
+``context.tab_from``), makes every decision with a :class:`~askonce.core.retry.RetryState`, holds
+what it forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply`
+or, after a per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does.
+Token buckets, breakers and the target's :class:`~askonce.core.ledger.Ledger` are the core classes
+too. The model only moves messages and keeps time.
 
-Policies without propagation model stacks that forward only an id header: each hop mints its own local
-tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id header still
-reaches the target, so the ledger can count their arrivals per question as well.
+Policies without propagation model stacks that forward only an id header: each hop mints its own
+local tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id
+header still reaches the target, so the ledger can count their arrivals per question as well.
 
-Headers are not serialised on the hot path (a round trip costs about as much as the rest of a hop); the
-fast path applies the wire's own millisecond rounding and the receiver's ``Limits``, and
-``wire_text=True`` runs the real ``format_question``/``parse_question`` round trip on every hop instead
-(a test checks both give the same numbers).
+Headers are not serialised on the hot path, to keep each simulated hop cheap; the fast path
+applies the wire's own millisecond rounding and the receiver's ``Limits``, and ``wire_text=True``
+runs the real ``format_question``/``parse_question`` round trip on every hop instead (a test checks
+both give the same numbers).
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
+from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
-from askonce.core.retry import (
-    ANSWERED,
-    LOST,
-    Acquire,
-    Attempt,
-    Failure,
-    GiveUp,
-    RetryPolicy,
-    RetryState,
-    Wait,
+from askonce.core.retry import ANSWERED, LOST, Attempt, Failure, RetryPolicy, RetryState
+from askonce.core.wire import (
+    MAX_BUDGET,
+    Malformed,
+    Reply,
+    format_question,
+    format_reply,
+    parse_question,
+    parse_reply,
 )
-from askonce.core.wire import MAX_BUDGET, Malformed, Reply, format_question, format_reply, parse_question, parse_reply
-from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: the fast path cannot drift from it
+from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: no drift on the fast path
 from askonce.sim.engine import Engine
 from askonce.sim.world import Policy, Stats, World
 
-_ANSWERED = Failure(True, None, ANSWERED)  # a failure response that carried no askonce-reply
-_LOST = Failure(True, None, LOST)  # the per-attempt timeout fired: sent, no response
+_FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
+_TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
 
 
@@ -67,14 +66,13 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("asked", "breaker", "bucket", "budget", "deadline", "layer", "ok", "out", "parent", "path",
+    __slots__ = ("asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent", "path",
                  "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
     state: RetryState
-    bucket: TokenBucket | None  # this layer instance's: the client's own, or one shared by all
-    breaker: Breaker | None
+    loop: Generator[Step, object, Ended]  # the library's one loop of attempts over the state
     sent: float  # when this hop sent its outstanding attempt
     deadline: float | None  # at the target: the propagated deadline on its clock
     started: float  # at the target: when the work began
@@ -114,24 +112,30 @@ class Sim:
     ``wire_text`` serialises every header for real; ``trace`` keeps each question's arrivals.
     """
 
-    def __init__(self, world: World, policy: Policy, seed: int = 1, *, failures: Failures | None = None,
-                 wire_text: bool = False, ledger: Ledger | None = None, trace: bool = False) -> None:
+    def __init__(self, world: World, policy: Policy, seed: int = 1, *,
+                 failures: Failures | None = None, wire_text: bool = False,
+                 ledger: Ledger | None = None, trace: bool = False) -> None:
         self.world, self.policy, self.wire_text = world, policy, wire_text
         self.rng = random.Random(seed)
         self.engine = Engine()
         self.stats = Stats(world)
         if trace:
             self.stats.trace = []
-        self.ledger = ledger if ledger is not None else Ledger(LedgerPolicy(window=86_400.0, max_exact_keys=200_000))
+        self.ledger = (ledger if ledger is not None
+                       else Ledger(LedgerPolicy(window=86_400.0, max_exact_keys=200_000)))
         self.fails: Failures = failures if failures is not None else self._fails
         self.queue: deque[Call] = deque()
         self.busy = 0
         self.free_at = 0.0  # contention: when the write in progress ends
         self.layers = self._build()
-        self._propagate, self._latency, self._timeout = policy.propagate, world.latency, world.timeout
+        self._propagate, self._latency, self._timeout = (policy.propagate, world.latency,
+                                                          world.timeout)
         # Bound once: scheduling an event then allocates only its tuple.
-        self._on_issue, self._on_arrive, self._on_reply = self.on_issue, self.on_arrive, self.on_reply
-        self._on_timeout, self._on_resume, self._on_done = self.on_timeout, self.on_resume, self.on_done
+        self._on_issue, self._on_arrive, self._on_reply = (self.on_issue, self.on_arrive,
+                                                           self.on_reply)
+        self._on_timeout, self._on_resume, self._on_done = (self.on_timeout, self.on_resume,
+                                                            self.on_done)
+        self._clock: Callable[[], float] = lambda: self.engine.now
 
     def _build(self) -> list[Layer]:
         w, p = self.world, self.policy
@@ -149,7 +153,7 @@ class Sim:
             layers.append(nxt)
         return layers[::-1]
 
-    # --- the run ------------------------------------------------------------------------------------
+    # --- the run ----------------------------------------------------------------------------------
 
     def run(self) -> Stats:
         self.engine.at(0.0, self._on_issue, 0)
@@ -187,19 +191,21 @@ class Sim:
             tab = Tab(key, "client", True, Account(_UNSPENDABLE), None)
         self._serve(Call(q, self.layers[0], None), tab, (), now)
 
-    # --- a layer ------------------------------------------------------------------------------------
+    # --- a layer ----------------------------------------------------------------------------------
 
     def _serve(self, c: Call, tab: Tab, path: tuple[Hop, ...], now: float) -> None:
         layer = c.layer
         assert layer is not None
         c.tab, c.path = tab, path
         inst = c.asked.client if layer.per_client else 0
-        c.bucket = bucket = None if layer.buckets is None else layer.buckets[inst]
-        c.breaker = None if layer.breakers is None else layer.breakers[inst]
+        bucket = None if layer.buckets is None else layer.buckets[inst]
+        breaker = None if layer.breakers is None else layer.breakers[inst]
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
-        self._act(c, state.start(now), now)
+        c.loop = steps(state, clock=self._clock, random=self.rng.random, bucket=bucket,
+                       breaker=breaker, end=keep)
+        self._drive(c, None, now)
 
     def on_arrive(self, c: Call) -> None:
         now = self.engine.now
@@ -208,62 +214,65 @@ class Sim:
         elif self._propagate:
             tab, path = self._receive(c, now)
             self._serve(c, tab, path, now)
-        else:  # no question came: this hop's own local tab, which only its attempt limit can exhaust
-            self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (), now)
+        else:  # no question came: this hop's own tab, which only its attempt limit can exhaust
+            self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (),
+                        now)
 
     def _receive(self, c: Call, now: float) -> tuple[Tab, tuple[Hop, ...]]:
-        """The callee's view of the question that came with ``c``: its own tab with a copy of the budget."""
-        assert c.parent is not None  # only the originator's own call has no parent, and it is never received
+        """The callee's view of ``c``'s question: its own tab with a copy of the budget."""
+        # Only the originator's own call has no parent, and it is never received.
+        assert c.parent is not None
         sender = c.parent.tab
         limits = self.world.limits
         if self.wire_text:
-            text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining, c.path)
+            text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining,
+                                   c.path)
             q = parse_question(text, now, limits)
-            if isinstance(q, Malformed):  # cannot happen for what format_question wrote; fail loudly
+            if isinstance(q, Malformed):  # cannot happen for format_question's output; fail loudly
                 raise AssertionError(f"simulated header did not parse: {q.reason}: {text}")
             return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline), q.path
         rem = c.remaining
         deadline = None
-        if rem is not None:  # whole milliseconds, as format_question writes them and parse_question reads
+        if rem is not None:  # whole milliseconds, as on the wire (format_question, parse_question)
             seconds = wire_ms(rem, up=False) / 1000
             deadline = now + (seconds if seconds < limits.max_deadline else limits.max_deadline)
-        budget = c.budget if c.budget <= limits.max_budget else limits.max_budget  # held: never negative
-        return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path  # depth <= MAX_HOPS
+        # c.budget was held: never negative. c.path: depth <= MAX_HOPS.
+        budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
+        return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path
 
-    def _act(self, c: Call, act: Attempt | Wait | Acquire | GiveUp, now: float) -> None:
-        while True:
-            if type(act) is Attempt:
-                self._send(c, act, now)
-                return
-            if type(act) is Wait:
-                if act.seconds > 0:
-                    self.engine.at(now + act.seconds, self._on_resume, c)
+    def _drive(self, c: Call, value: object, now: float) -> None:
+        """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
+        resume, an attempt as a message; the loop's end answers this hop's caller."""
+        loop = c.loop
+        try:
+            while True:
+                kind, what = loop.send(value)
+                if kind is IO:
+                    value = what()
+                elif kind is ATTEMPT:
+                    self._send(c, what, now)
                     return
-                act = c.state.resume(now)
-            elif type(act) is Acquire:
-                act = c.state.acquired(c.bucket is not None and c.bucket.withdraw(now), now)
-            else:
-                assert type(act) is GiveUp
-                self._finish(c, False, act.reply, now)
-                return
+                else:
+                    self.engine.at(now + what, self._on_resume, c)
+                    return
+        except StopIteration as end:
+            ok, reply = end.value
+            self._finish(c, ok, reply, now)
 
     def on_resume(self, c: Call) -> None:
-        now = self.engine.now
-        self._act(c, c.state.resume(now), now)
+        self._drive(c, None, self.engine.now)
 
     def _send(self, c: Call, act: Attempt, now: float) -> None:
-        breaker, layer = c.breaker, c.layer
+        layer = c.layer
         assert layer is not None
-        if breaker is not None and not breaker.allow(now):
-            self._finish(c, False, c.state.breaker_open(now, breaker.retry_at()).reply, now)
-            return
         child = Call(c.asked, layer.nxt, c)
         timeout = self._timeout
         if self._propagate:
             child.budget = c.state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
-            if timeout is not None and (rem is None or timeout < rem):  # the tighter of deadline and patience
+            # the tighter of deadline and patience
+            if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
             child.remaining = c.state.given(rem, self.policy.grace, now)
             child.path = (*c.path, act.hop)
@@ -280,15 +289,13 @@ class Sim:
         if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
             return
         c.out = None
-        now = self.engine.now
-        if c.breaker is not None:
-            c.breaker.record(now, success=child.ok, duration=now - c.sent)
         reply = self._carry(child.reply) if self._propagate else None
         if child.ok:
-            self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
+            tried = Tried(None, True, reply, ANSWERED)
         else:
-            failure = _ANSWERED if reply is None else Failure(True, reply, ANSWERED)
-            self._act(c, c.state.on_failure(failure, now, self.rng.random()), now)
+            tried = (_FAILED if reply is None
+                     else Tried(Failure(True, reply, ANSWERED), False, reply, ANSWERED))
+        self._drive(c, tried, self.engine.now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
         """A reply as the caller reads it off the wire."""
@@ -310,10 +317,7 @@ class Sim:
         if c.out is not child:
             return
         c.out = None
-        now = self.engine.now
-        if c.breaker is not None:
-            c.breaker.record(now, success=False, duration=now - c.sent)
-        self._act(c, c.state.on_failure(_LOST, now, self.rng.random()), now)
+        self._drive(c, _TIMED_OUT, self.engine.now)
 
     def _finish(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
         c.ok, c.reply = ok, reply
@@ -326,7 +330,7 @@ class Sim:
         if q.live == 0:
             self.stats.close(q)
 
-    # --- the target ---------------------------------------------------------------------------------
+    # --- the target -------------------------------------------------------------------------------
 
     def _target_arrive(self, job: Call, now: float) -> None:
         q = job.asked
@@ -335,7 +339,8 @@ class Sim:
         self.stats.arrival(now)
         if self.policy.propagate:
             tab, path = self._receive(job, now)
-            self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin, path=path)
+            self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin,
+                               path=path)
             job.budget, job.deadline = tab.left, tab.deadline
         else:  # an id header only: the key is known, the path and the deadline are not
             self.ledger.record(now, "target", key=q.key, edge=True)
@@ -362,7 +367,7 @@ class Sim:
     def _start(self, job: Call, now: float) -> None:
         w, deadline = self.world, job.deadline
         if self.policy.shed and deadline is not None and now >= deadline:
-            self._target_answer(job, False, True, now)  # refused before any work: its caller has gone
+            self._target_answer(job, False, True, now)  # refused before work: its caller has gone
             return
         self.busy += 1
         service = w.service
@@ -371,7 +376,8 @@ class Sim:
         end = now + service
         job.started = now
         if self.policy.shed and deadline is not None and deadline < end:
-            end, job.ok, job.reply = deadline, False, Reply(job.budget, True, "deadline")  # cancelled then
+            # cancelled at its deadline
+            end, job.ok, job.reply = deadline, False, Reply(job.budget, True, "deadline")
         else:
             job.ok, job.reply = not self.fails(now), None
         self.engine.at(end, self._on_done, job)
