@@ -42,8 +42,8 @@ from askonce.core import wire  # noqa: E402
 from askonce.core.ledger import Ledger, LedgerPolicy  # noqa: E402
 from askonce.core.question import Hop  # noqa: E402
 from askonce.ledger_store import MemoryLedger, RedisLedger  # noqa: E402
+from ledger_memory import measure_bytes_per_key  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
-from test_ledger import measure_bytes_per_key  # noqa: E402
 
 N = 100_000
 KEYS = [f"01JD5Q3W8M{i:026d}" for i in range(N)]

@@ -1,8 +1,8 @@
 """askonce: one question key, one traveling retry budget, counted at the target.
 
-Retries nest across layers and multiply (3 layers x 3 attempts = 27 arrivals for one question). askonce
-makes every attempt carry the question's identity and a retry budget that is spent wherever a retry
-happens, so a question costs at most ``1 + budget`` arrivals however deep the stack.
+Retries nest across layers and multiply (3 layers x 3 attempts = 27 arrivals for one question).
+askonce makes every attempt carry the question's identity and a retry budget that is spent wherever
+a retry happens, so a question costs at most ``1 + budget`` arrivals however deep the stack.
 
 ``import askonce`` is cheap: it imports no framework and not asyncio; integrations live in
 ``askonce.integrations.*`` and are imported only when used.

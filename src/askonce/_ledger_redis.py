@@ -1,22 +1,28 @@
-"""The shared ledger's life in Redis: key layout, the two Lua scripts, batched writes, and reading it back.
+"""The shared ledger's life in Redis: key layout, the Lua scripts, batched writes, reading it back.
 
-Keys of one window share the hash tag ``{<prefix>:ledger:<window seconds>:<window index>}`` (one Redis
-Cluster slot per window, so each script touches one slot; the load moves to another slot every window):
+Keys of one window share the hash tag ``{<prefix>:ledger:<window seconds>:<window index>}`` (one
+Redis Cluster slot per window, so each script touches one slot; the load moves to another slot every
+window):
 
-* ``<tag>:ops`` - the set of operation names in the window, at most ``max_operations`` (then ``~other``);
+* ``<tag>:ops`` - the set of operation names in the window, at most ``max_operations`` (then
+  ``~other``);
 * ``<tag>:<op>:c`` - counters: ``a`` arrivals, ``t`` attributable, ``m`` re-minted, ``u`` unkeyed,
-  ``x`` malformed, ``f`` refused, ``e`` cap unenforced, ``v`` set once keys spilled past the exact bound;
-* ``<tag>:<op>:k`` - arrivals per (kind, principal, key), at most ``max_exact_keys`` fields; the cap's
-  atomic counter is this hash's field;
-* ``<tag>:<op>:p`` - arrivals per (kind, principal, key, path digest), for undeclared retries, at most
-  ``max_exact_keys * max_paths_per_key`` fields;
+  ``x`` malformed, ``f`` refused, ``e`` cap unenforced, ``v`` set once keys spilled past the exact
+  bound;
+* ``<tag>:<op>:k`` - arrivals per (kind, principal, key), at most ``max_exact_keys`` fields; the
+  cap's atomic counter is this hash's field;
+* ``<tag>:<op>:p`` - arrivals per (kind, principal, key, path digest), for undeclared retries, at
+  most ``max_exact_keys * max_paths_per_key`` fields;
 * ``<tag>:<op>:h`` - a HyperLogLog of the attributable keys beyond the exact bound (PFADD/PFCOUNT);
-* ``<tag>:<op>:r`` / ``:o`` - retries per layer, re-mints per origin (``max_names``, then ``~other``);
-* ``<tag>:done:<id>`` - a flushed chunk's id, so that a chunk sent again after a timeout counts once.
+* ``<tag>:<op>:r`` / ``:o`` - retries per layer, re-mints per origin (``max_names``, then
+  ``~other``);
+* ``<tag>:done:<id>`` - a flushed chunk's id, so that a chunk sent again after a timeout counts
+  once.
 
 ``<op>`` is a 64-bit digest of the operation name. ``{<prefix>:ledger}:meta`` holds the policy the
-replicas run (``askonce report`` reads it), ``{<prefix>:ledger}:dropped`` the shared count of arrivals
-lost by any replica, per reason. Every key expires ``windows_kept + 2`` windows after its last write.
+replicas run (``askonce report`` reads it), ``{<prefix>:ledger}:dropped`` the shared count of
+arrivals lost by any replica, per reason. Every key expires ``windows_kept + 2`` windows after its
+last write.
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ from askonce.core.sketch import Frequent, HyperLogLog, digest64
 if TYPE_CHECKING:
     import redis
 
-# Buffer entry flags: the arrival's per-key count is already in Redis (the cap script made it); it was
-# refused.
+# Buffer entry flags: the arrival's per-key count is already in Redis (the cap script made it);
+# it was refused.
 COUNTED = 1
 REFUSED = 2
 CHUNK = 1000  # keys per script call: a long script would stall every other client (the cap's 50 ms)
@@ -46,8 +52,9 @@ _U32 = struct.Struct(">I")
 _KEY_TAIL = struct.Struct(">IBH")
 
 # KEYS: ops set, then c k p h r o of the operation, then of '~other', then the chunk's done-marker.
-# ARGV: op, max_operations, max_exact_keys, max_pairs, max_names, ttl_ms, cap set (0|1), six counters
-# (a t m u x f), then nr (layer n)*, no (origin n)*, the number of keys and the packed keys.
+# ARGV: op, max_operations, max_exact_keys, max_pairs, max_names, ttl_ms, cap set (0|1), six
+# counters (a t m u x f), then nr (layer n)*, no (origin n)*, the number of keys and the packed
+# keys.
 LUA_FLUSH = """
 local ttl = tonumber(ARGV[6])
 if not redis.call('SET', KEYS[14], '1', 'NX', 'PX', ttl) then return -1 end
@@ -56,7 +63,8 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then redis.call('SADD', KEYS[1], ARGV[1])
   else b = 7; redis.call('SADD', KEYS[1], '~other') end
 end
-local c, k, p, h, r, o = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
+local c, k, p, h, r, o =
+  KEYS[b + 1], KEYS[b + 2], KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6]
 local names = {'a', 't', 'm', 'u', 'x', 'f'}
 for i = 1, 6 do
   local n = tonumber(ARGV[7 + i])
@@ -68,15 +76,18 @@ for _, hash in ipairs({r, o}) do
   local count = tonumber(ARGV[i]); i = i + 1
   for _ = 1, count do
     local name = ARGV[i]
-    if redis.call('HEXISTS', hash, name) == 0 and redis.call('HLEN', hash) >= limit then name = '~other' end
+    if redis.call('HEXISTS', hash, name) == 0 and redis.call('HLEN', hash) >= limit then
+      name = '~other'
+    end
     redis.call('HINCRBY', hash, name, tonumber(ARGV[i + 1])); i = i + 2
   end
 end
--- Keys and their paths come packed in one string (one argument instead of six per arrival, which cost
--- the client more than everything else): per key '>H' length, the field, '>I4' arrivals not yet
--- counted, '>B' edge, '>H' paths, then per path its 17-byte suffix and '>I4' arrivals. The exact bounds
--- are checked against lengths read once and kept up to date (HINCRBY returning exactly n: a new field).
-local maxk, maxp, cap, unenforced, spilled = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[7] == '1', 0, false
+-- Keys and their paths come packed in one string (one argument, not six per arrival: building
+-- those costs the client most): per key '>H' length, the field, '>I4' arrivals not yet counted,
+-- '>B' edge, '>H' paths, then per path its 17-byte suffix and '>I4' arrivals. The exact bounds are
+-- checked against lengths read once and kept up to date (HINCRBY returning exactly n: a new field).
+local maxk, maxp, cap, unenforced, spilled =
+  tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[7] == '1', 0, false
 local klen, plen = redis.call('HLEN', k), redis.call('HLEN', p)
 local blob, pos = ARGV[i + 1], 1
 for _ = 1, tonumber(ARGV[i]) do
@@ -114,7 +125,8 @@ return b
 """
 
 # KEYS: ops set, the operation's per-key hash, '~other''s. ARGV: op, max_operations, max_exact_keys,
-# ttl_ms, field. Returns the key's arrivals in the window counting this one; 0 beyond the exact bound.
+# ttl_ms, field. Returns the key's arrivals in the window counting this one; 0 beyond the exact
+# bound.
 LUA_CAP = """
 local k = KEYS[2]
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
@@ -138,30 +150,34 @@ redis.call('PEXPIRE', KEYS[1], 30 * 86400000)
 return 1
 """
 
-_POLICY_INTS = ("windows_kept", "max_exact_keys", "heavy_keys", "max_operations", "max_paths_per_key", "max_names")
+_POLICY_INTS = ("windows_kept", "max_exact_keys", "heavy_keys", "max_operations",
+                "max_paths_per_key", "max_names")
 
 
 def check_prefix(prefix: str) -> None:
-    if not isinstance(prefix, str) or not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
-        raise ValueError(f"prefix must be a non-empty printable name without braces, got {prefix!r}")
+    if (not isinstance(prefix, str) or not prefix or not prefix.isprintable()
+            or any(c in prefix for c in "{}")):
+        raise ValueError(
+            f"prefix must be a non-empty printable name without braces, got {prefix!r}")
 
 
 def clients(url: str, op_timeout: float, read_timeout: float) -> tuple[redis.Redis, redis.Redis]:
-    """A client for the request path (``op_timeout``) and one for flushes and reports; no client retries:
-    they would stretch a 50 ms bound into seconds."""
+    """A client for the request path (``op_timeout``) and one for flushes and reports; no client
+    retries: they would stretch a 50 ms bound into seconds."""
     import redis
 
     from askonce.stores.redis import no_retry
 
     def make(timeout: float) -> redis.Redis:
-        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=min(timeout, 1.0),
-                                    retry=no_retry())
+        return redis.Redis.from_url(url, socket_timeout=timeout,
+                                    socket_connect_timeout=min(timeout, 1.0), retry=no_retry())
 
     return make(op_timeout), make(read_timeout)
 
 
 def field(kind: bytes, principal: str, key: str) -> bytes:
-    """A per-key hash field: kind (``a`` attributable, ``r`` re-minted), then the principal length-prefixed."""
+    """A per-key hash field: kind (``a`` attributable, ``r`` re-minted), then the principal
+    length-prefixed."""
     p = principal.encode("utf-8", "surrogatepass")
     return b"%s%d:%s%s" % (kind, len(p), p, key.encode("utf-8", "surrogatepass"))
 
@@ -170,7 +186,8 @@ def unfield(f: bytes) -> tuple[bytes, str, str]:
     colon = f.index(b":", 1)
     start = colon + 1
     end = start + int(f[1:colon])
-    return f[:1], f[start:end].decode("utf-8", "surrogatepass"), f[end:].decode("utf-8", "surrogatepass")
+    return (f[:1], f[start:end].decode("utf-8", "surrogatepass"),
+            f[end:].decode("utf-8", "surrogatepass"))
 
 
 class Space:
@@ -208,7 +225,8 @@ class Space:
                  key: str) -> tuple[list[str], list[Any]]:
         keys = self.op_keys(window, operation)
         p = self.policy
-        return [keys[0], keys[2], keys[8]], [operation, p.max_operations, p.max_exact_keys, self.ttl_ms,
+        return [keys[0], keys[2], keys[8]], [operation, p.max_operations, p.max_exact_keys,
+                                            self.ttl_ms,
                                             field(b"a" if edge else b"r", principal, key)]
 
     def meta_fields(self) -> dict[Any, Any]:
@@ -237,24 +255,27 @@ class _Group:
         self.counters = [0, 0, 0, 0, 0, 0]  # as _COUNTERS
         self.retries: dict[str, int] = {}
         self.origins: dict[str, int] = {}
-        self.keys: dict[bytes, list[Any]] = {}  # field -> [uncounted arrivals, edge, {path suffix: n}]
+        # field -> [uncounted arrivals, edge, {path suffix: n}]
+        self.keys: dict[bytes, list[Any]] = {}
 
 
 Call = tuple[str, list[str], list[Any], int]  # script, keys, args, arrivals it carries
 
 
 class Writer:
-    """Turns buffered arrivals into script calls (aggregated per window and operation) and sends them."""
+    """Turns buffered arrivals into script calls (aggregated per window and operation) and sends
+    them."""
 
     def __init__(self, space: Space, client: redis.Redis) -> None:
         self.space = space
         self.client = client
-        self.scripts = {"flush": client.register_script(LUA_FLUSH), "dropped": client.register_script(LUA_DROPPED)}
+        self.scripts = {"flush": client.register_script(LUA_FLUSH),
+                        "dropped": client.register_script(LUA_DROPPED)}
         self._paths: dict[Any, tuple[bytes, tuple[str, ...]]] = {}
 
     def path_info(self, path: Any) -> tuple[bytes, tuple[str, ...]]:
-        """The path's digest and the layers it says retried: the core's rule (the last hop of a layer has
-        attempt > 1), restated here because the core keeps it private."""
+        """The path's digest and the layers it says retried: the core's rule (the last hop of a
+        layer has attempt > 1), restated here because the core keeps it private."""
         info = self._paths.get(path)
         if info is None:
             last: dict[str, int] = {}
@@ -270,14 +291,14 @@ class Writer:
         return info
 
     def prepare(self, batch: Iterable[tuple[Any, ...]]) -> tuple[list[Call], int, int]:
-        """Script calls for ``batch``; also how many arrivals were too old to matter, and
-        how many could not be encoded (a key that is not a string: the signature forbids it, a caller
+        """Script calls for ``batch``; also how many arrivals were too old to matter, and how many
+        could not be encoded (a key that is not a string: the signature forbids it, a caller
         ignoring types could still send one, and it must not take the batch down with it)."""
         window = self.space.policy.window
         groups: dict[tuple[int, str], _Group] = {}
         arrivals = list(batch)
-        # Only times some window holds set the horizon: one too far out (1e308 s) is invalid on its own below,
-        # and must not take the batch down with it.
+        # Only times some window holds set the horizon: one too far out (1e308 s) is invalid on its
+        # own below, and must not take the batch down with it.
         newest = max((q for a in arrivals if math.isfinite(q := a[0] / window)), default=0.0)
         horizon = math.floor(newest) - self.space.policy.windows_kept
         expired = invalid = 0
@@ -294,7 +315,8 @@ class Writer:
                 if keyed:
                     head = heads.get((edge, principal))
                     if head is None:
-                        head = heads[(edge, principal)] = field(b"a" if edge else b"r", principal, "")
+                        head = heads[(edge, principal)] = field(b"a" if edge else b"r",
+                                                                principal, "")
                     f = head + key.encode("utf-8", "surrogatepass")
                     if len(f) > 65_535:
                         raise ValueError("key too long to pack")
@@ -331,21 +353,25 @@ class Writer:
             suffix = info[0]
             if suffix in pairs:
                 pairs[suffix] += 1
-            elif len(pairs) < 65_535:  # the packed count's limit; beyond it the arrival's path is untracked
+            # The packed count's limit; beyond it the arrival's path is untracked.
+            elif len(pairs) < 65_535:
                 pairs[suffix] = 1
-        calls = [c for (index, operation), g in groups.items() for c in self._calls(index, operation, g)]
+        calls = [c for (index, operation), g in groups.items()
+                 for c in self._calls(index, operation, g)]
         return calls, expired, invalid
 
     def dropped_call(self, dropped: dict[str, int]) -> Call:
         args: list[Any] = [self.space.ttl_ms]
         for reason, n in dropped.items():
             args += [reason, n]
-        return "dropped", [self.space.dropped, f"{{{self.space.prefix}:ledger}}:done:{uuid.uuid4().hex}"], args, 0
+        return "dropped", [self.space.dropped,
+                           f"{{{self.space.prefix}:ledger}}:done:{uuid.uuid4().hex}"], args, 0
 
     def _calls(self, index: int, operation: str, g: _Group) -> list[Call]:
         p = self.space.policy
         keys = self.space.op_keys(index, operation)
-        head: list[Any] = [operation, p.max_operations, p.max_exact_keys, p.max_exact_keys * p.max_paths_per_key,
+        head: list[Any] = [operation, p.max_operations, p.max_exact_keys,
+                           p.max_exact_keys * p.max_paths_per_key,
                            p.max_names, self.space.ttl_ms, 0 if p.cap is None else 1]
         items = list(g.keys.items())
         out: list[Call] = []
@@ -399,7 +425,8 @@ def _ints(raw: dict[Any, Any]) -> dict[str, int]:
     return {_text(k): int(v) for k, v in raw.items()}
 
 
-def _operation(name: str, start: float, current: bool, raw: list[Any], policy: LedgerPolicy) -> OperationReport:
+def _operation(name: str, start: float, current: bool, raw: list[Any],
+               policy: LedgerPolicy) -> OperationReport:
     c, k, p, h, r, o = raw
     counts = _ints(c)
     op = OperationState()
@@ -435,7 +462,8 @@ def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | No
     if policy is None:
         meta = client.hgetall(space.meta)
         if not meta:
-            raise LookupError(f"no askonce ledger in Redis under prefix {prefix!r} (nothing flushed yet?)")
+            raise LookupError(f"no askonce ledger in Redis under prefix {prefix!r} "
+                              "(nothing flushed yet?)")
         policy = policy_from(meta)
         space = Space(prefix, policy)
     current = math.floor(now / policy.window)
@@ -445,8 +473,8 @@ def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | No
         pipe.smembers(f"{space.tag(index)}:ops")
     pipe.hgetall(space.dropped)
     *members, dropped = pipe.execute()
-    wanted = [(index, name.decode("utf-8", "surrogatepass")) for index, names in zip(indexes, members, strict=True)
-              for name in names]
+    wanted = [(index, name.decode("utf-8", "surrogatepass"))
+              for index, names in zip(indexes, members, strict=True) for name in names]
     wanted.sort()
     pipe = client.pipeline(transaction=False)
     for index, name in wanted:
@@ -458,6 +486,7 @@ def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | No
         pipe.hgetall(r)
         pipe.hgetall(o)
     raw = pipe.execute() if wanted else []
-    ops = tuple(_operation(name, index * policy.window, index == current, raw[6 * i:6 * i + 6], policy)
+    ops = tuple(_operation(name, index * policy.window, index == current, raw[6 * i:6 * i + 6],
+                           policy)
                 for i, (index, name) in enumerate(wanted))
     return Report(generated_at=now, window=policy.window, operations=ops, dropped=_ints(dropped))

@@ -1,27 +1,29 @@
-"""``askonce audit``: the ledger's report computed from access logs that recorded ``askonce-question``.
+"""``askonce audit``: the ledger's report from access logs that recorded ``askonce-question``.
 
 A target that logs the header it received can be audited after the fact, without askonce running in
 it: every log line is one arrival, classified and counted by the same core :class:`Ledger` a live
-target uses, so the figures mean the same. Files are read line by line (memory does not grow with the
-file; the ledger's own bounds hold, and past them figures turn approximate, as they do live), plain,
-gzip (``.gz``) or ``-`` for stdin.
+target uses, so the figures mean the same. Files are read line by line (memory does not grow with
+the file; the ledger's own bounds hold, and past them figures turn approximate, as they do live),
+plain, gzip (``.gz``) or ``-`` for stdin.
 
 Two formats:
 
-* ``jsonl`` - one JSON object per line. The header is the field ``askonce_question`` (``question_field``),
-  the time ``time`` (epoch seconds - milliseconds if over 1e11 - or an ISO 8601 string), the operation
-  ``operation`` (else ``method`` and ``path`` give a route-like name), the principal ``principal``.
+* ``jsonl`` - one JSON object per line. The header is the field ``askonce_question``
+  (``question_field``), the time ``time`` (epoch seconds - milliseconds if over 1e11 - or an ISO
+  8601 string), the operation ``operation`` (else ``method`` and ``path`` give a route-like name),
+  the principal ``principal``.
 * ``nginx`` - nginx/Envoy-style lines of bare words, ``"quoted"`` and ``[bracketed]`` fields, e.g.
   nginx's ``log_format`` with ``"$http_askonce_question"`` appended. The header is field ``field``
-  (counted from 1, as awk does; default: the first quoted field that starts with ``v=``); the time is
-  the first bracketed field (``10/Oct/2000:13:55:36 -0700`` or ISO 8601); the operation comes from the
-  first ``"METHOD /path PROTO"`` field, with ids in the path replaced by ``{id}``. nginx escapes ``"``
-  as ``\\x22`` (``escape=default``) or ``\\"`` (``escape=json``); both are undone. Or give ``regex`` with
-  named groups ``question``, ``time``, ``operation`` (or ``method`` and ``path``) and ``principal``.
+  (counted from 1, as awk does; default: the first quoted field that starts with ``v=``); the time
+  is the first bracketed field (``10/Oct/2000:13:55:36 -0700`` or ISO 8601); the operation comes
+  from the first ``"METHOD /path PROTO"`` field, with ids in the path replaced by ``{id}``. nginx
+  escapes ``"`` as ``\\x22`` (``escape=default``) or ``\\"`` (``escape=json``); both are undone. Or
+  give ``regex`` with named groups ``question``, ``time``, ``operation`` (or ``method`` and
+  ``path``) and ``principal``.
 
 A missing header (absent, empty, ``-``) is an unkeyed arrival; one that does not parse is malformed.
-A line that cannot be read at all (not JSON, no time, longer than 1 MiB) is a *bad line*: counted per
-reason (``askonce.stats()`` ``audit.bad.<reason>``, and as dropped in the report), never fatal.
+A line that cannot be read at all (not JSON, no time, longer than 1 MiB) is a *bad line*: counted
+per reason (``askonce.stats()`` ``audit.bad.<reason>``, and as dropped in the report), never fatal.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ __all__ = ["AUDIT_POLICY", "AuditResult", "LogFormat", "audit_file", "audit_line
 MAX_LINE = 1 << 20
 AUDIT_POLICY = LedgerPolicy(window=3600.0, windows_kept=23, max_exact_keys=50_000)
 """Hour-long windows, the last day of the log reported; 50,000 exact keys per operation and hour."""
-_LIMITS = Limits(max_budget=wire.MAX_BUDGET, max_deadline=wire.MAX_DEADLINE_MS / 1000)  # clamp nothing
+# Clamp nothing.
+_LIMITS = Limits(max_budget=wire.MAX_BUDGET, max_deadline=wire.MAX_DEADLINE_MS / 1000)
 _FIELD = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"|\[([^\]]*)\]|([^\s"\[]\S*)')
 _REQUEST = re.compile(rb"([A-Z]{3,10}) (\S+)(?: HTTP/[0-9.]+)?")
 _ESCAPE = re.compile(r'\\x([0-9A-Fa-f]{2})|\\(["\\])')
@@ -64,7 +67,8 @@ class LogFormat:
     principal_field: str = "principal"
     field: int | None = None  # nginx: the header's field, from 1
     principal_index: int | None = None  # nginx: the principal's field, from 1
-    regex: str | None = None  # nginx: named groups question, time, operation | method + path, principal
+    # nginx: named groups question, time, operation | method + path, principal
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("jsonl", "nginx"):
@@ -84,7 +88,8 @@ class LogFormat:
 
 @dataclass(slots=True)
 class AuditResult:
-    """What an audit read: the report at the last time seen, lines read, and bad lines per reason."""
+    """What an audit read: the report at the last time seen, lines read, and bad lines per
+    reason."""
 
     report: Report
     lines: int
@@ -93,8 +98,9 @@ class AuditResult:
     last: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lines": self.lines, "bad_lines": dict(self.bad), "first": self.first, "last": self.last,
-                "report": self.report.to_dict(), "totals": self.report.totals().to_dict()}
+        return {"lines": self.lines, "bad_lines": dict(self.bad), "first": self.first,
+                "last": self.last, "report": self.report.to_dict(),
+                "totals": self.report.totals().to_dict()}
 
 
 class _Times:
@@ -171,17 +177,20 @@ class _Auditor:
 
     def arrival(self, t: float, operation: str, header: Any, principal: Any) -> None:
         try:
-            window_index(t, self.ledger.policy.window)  # as the ledger checks it: a bad line, not the end
+            # As the ledger checks it: a bad line, not the end.
+            window_index(t, self.ledger.policy.window)
         except ValueError:
             return self.fail("time")
         if self.first is None:
             self.first = t
         self.last = t if self.last is None or t > self.last else self.last
-        principal = principal if isinstance(principal, str) else "" if principal is None else str(principal)
+        principal = (principal if isinstance(principal, str)
+                     else "" if principal is None else str(principal))
         if header is None or header in _UNSET:
             self.ledger.record(t, operation, key=None, principal=principal)
             return
-        q = wire.parse_question(header, 0.0, _LIMITS) if isinstance(header, str) else Malformed("type")
+        q = (wire.parse_question(header, 0.0, _LIMITS) if isinstance(header, str)
+             else Malformed("type"))
         if isinstance(q, Malformed):
             self.ledger.record(t, operation, key=None, principal=principal, malformed=True)
             return
@@ -190,7 +199,8 @@ class _Auditor:
             from askonce.signing import verify_edge
 
             edge = verify_edge(header, self.secret)
-        self.ledger.record(t, operation, key=q.key, edge=edge, origin=q.origin, path=q.path, principal=principal)
+        self.ledger.record(t, operation, key=q.key, edge=edge, origin=q.origin, path=q.path,
+                           principal=principal)
 
     def _jsonl(self, line: bytes) -> None:
         try:
@@ -206,15 +216,16 @@ class _Auditor:
         operation = obj.get(fmt.operation_field)
         if not isinstance(operation, str):
             method, path = obj.get("method"), obj.get("path")
-            operation = _operation(method, path) if isinstance(method, str) and isinstance(path, str) else "~unknown"
+            operation = (_operation(method, path)
+                         if isinstance(method, str) and isinstance(path, str) else "~unknown")
         self.arrival(t, operation, obj.get(fmt.question_field), obj.get(fmt.principal_field))
         return None
 
     def _nginx(self, line: bytes) -> None:
         if self.regex is not None:
             return self._by_regex(line.decode("utf-8", "replace"))
-        # Fields stay bytes until one is needed: decoding and unescaping all of them would cost more than
-        # the rest of the audit together.
+        # Fields stay bytes until one is needed: decoding and unescaping all of them would cost more
+        # than the rest of the audit together.
         header: bytes | None = None
         t: float | None = None
         request: re.Match[bytes] | None = None
@@ -222,8 +233,8 @@ class _Auditor:
         want, who = self.fmt.field, self.fmt.principal_index
         parts = line.split(b'"')
         if want is None and who is None and len(parts) % 2 and b'\\"' not in line:
-            # The usual case, no field numbers needed and no quote inside a quoted field: splitting at
-            # quotes is several times quicker than the general tokenizer below.
+            # The usual case, no field numbers needed and no quote inside a quoted field: splitting
+            # at quotes is much quicker than the general tokenizer below.
             for outside in parts[::2]:
                 start = outside.find(b"[")
                 end = outside.find(b"]", start)
@@ -239,7 +250,8 @@ class _Auditor:
             for i, m in enumerate(_FIELD.finditer(line), 1):
                 kind = m.lastindex
                 raw = m.group(kind or 3)
-                if i == want or (want is None and header is None and kind == 1 and raw.startswith(b"v=")):
+                if i == want or (want is None and header is None and kind == 1
+                                 and raw.startswith(b"v=")):
                     header = raw
                 if i == who:
                     principal = raw
@@ -250,8 +262,10 @@ class _Auditor:
                     request = _REQUEST.fullmatch(raw)
         if t is None:
             return self.fail("time")
-        operation = "~unknown" if request is None else self._route(request.group(1), request.group(2))
-        self.arrival(t, operation, None if header is None else _unescape(header.decode("utf-8", "replace")),
+        operation = ("~unknown" if request is None
+                     else self._route(request.group(1), request.group(2)))
+        self.arrival(t, operation,
+                     None if header is None else _unescape(header.decode("utf-8", "replace")),
                      None if principal is None else _unescape(principal.decode("utf-8", "replace")))
         return None
 
@@ -260,7 +274,8 @@ class _Auditor:
         if found is None:
             if len(self.routes) >= 4096:
                 self.routes.clear()
-            found = self.routes[(method, path)] = _operation(method.decode("ascii"), path.decode("utf-8", "replace"))
+            found = self.routes[(method, path)] = _operation(method.decode("ascii"),
+                                                             path.decode("utf-8", "replace"))
         return found
 
     def _by_regex(self, text: str) -> None:
@@ -277,12 +292,14 @@ class _Auditor:
             method, path = g.get("method"), g.get("path")
             operation = _operation(method, path) if method and path else "~unknown"
         header = g.get("question")
-        self.arrival(t, operation, None if header is None else _unescape(header), g.get("principal"))
+        self.arrival(t, operation, None if header is None else _unescape(header),
+                     g.get("principal"))
         return None
 
 
 def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
-    """Lines of at most ``MAX_LINE`` bytes; ``None`` for a longer one (its rest is skipped, never held)."""
+    """Lines of at most ``MAX_LINE`` bytes; ``None`` for a longer one (its rest is skipped, never
+    held)."""
     while True:
         line = stream.readline(MAX_LINE)
         if not line:
@@ -297,10 +314,11 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
         yield line
 
 
-def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(), policy: LedgerPolicy = AUDIT_POLICY,
+def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
+                policy: LedgerPolicy = AUDIT_POLICY,
                 secret: bytes | str | Sequence[bytes | str] | None = None) -> AuditResult:
-    """Audit log lines (bytes; ``None`` marks a line too long to read). ``secret``: count ``e`` as an edge
-    key only with a valid signature (:mod:`askonce.signing`)."""
+    """Audit log lines (bytes; ``None`` marks a line too long to read). ``secret``: count ``e`` as
+    an edge key only with a valid signature (:mod:`askonce.signing`)."""
     auditor = _Auditor(fmt, policy, secret)
     record = auditor.record
     n = 0
@@ -316,7 +334,8 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(), pol
         auditor.ledger.note_dropped(count, f"bad line: {reason}")
         context.count(f"audit.bad.{reason}", count)
     now = auditor.last if auditor.last is not None else 0.0
-    return AuditResult(auditor.ledger.report(now), n, dict(auditor.bad), auditor.first, auditor.last)
+    return AuditResult(auditor.ledger.report(now), n, dict(auditor.bad), auditor.first,
+                       auditor.last)
 
 
 def audit_file(path: str, fmt: LogFormat = LogFormat(), policy: LedgerPolicy = AUDIT_POLICY,

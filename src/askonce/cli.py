@@ -14,7 +14,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_demo(sub)
 
-    from askonce.sim.cli import add_parser as add_simulate  # cheap: the simulator loads when it runs
+    # cheap: the simulator loads when it runs
+    from askonce.sim.cli import add_parser as add_simulate
 
     add_simulate(sub)
 

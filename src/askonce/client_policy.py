@@ -1,10 +1,10 @@
-"""How a client layer judges an attempt: its policy, the outcome of an HTTP answer, Retry-After, replies.
+"""How a client layer judges an attempt: its policy, an HTTP answer's outcome, Retry-After, replies.
 
-The pure-ish half of :mod:`askonce.client` (no I/O; counting malformed values is its only side effect):
-:class:`ClientPolicy`, :class:`Outcome` and :func:`judge_http` / :func:`judge_reply` (which statuses fail
-and whether they may be retried), :func:`parse_retry_after`, :func:`read_reply` / :func:`reply_from` (the
-``askonce-reply`` of a response, through a bounded cache of parsed values) and :func:`is_idempotent`.
-Everything here is re-exported by :mod:`askonce.client`, its public home.
+The pure-ish half of :mod:`askonce.client` (no I/O; counting malformed values is its only side
+effect): :class:`ClientPolicy`, :class:`Outcome` and :func:`judge_http` / :func:`judge_reply` (which
+statuses fail and whether they may be retried), :func:`parse_retry_after`, :func:`read_reply` /
+:func:`reply_from` (the ``askonce-reply`` of a response, through a bounded cache of parsed values)
+and :func:`is_idempotent`. Everything here is re-exported by :mod:`askonce.client`, its public home.
 """
 
 from __future__ import annotations
@@ -32,22 +32,23 @@ DEFAULT_RETRY = RetryPolicy()
 class ClientPolicy:
     """How one client layer calls other processes.
 
-    ``retry``: attempts, backoff, and the budget and deadline of questions this layer mints when nothing is
-    bound (``originator=True`` mints attributable edge keys, otherwise local ones). A failed HTTP response is
-    retried when its status is in ``retry_statuses``, or in ``throttle_statuses`` *and* it says when to come
-    back (Retry-After): a throttled client that guesses its own wait only adds to the load. Methods in
-    ``idempotent_methods``, or any request carrying ``idempotency_header``, may be retried after they may
-    have reached the target; others only when the connection was refused, unless ``retry_non_idempotent``.
+    ``retry``: attempts, backoff, and the budget and deadline of questions this layer mints when
+    nothing is bound (``originator=True`` mints attributable edge keys, otherwise local ones). A
+    failed HTTP response is retried when its status is in ``retry_statuses``, or in
+    ``throttle_statuses`` *and* it says when to come back (Retry-After): a throttled client that
+    guesses its own wait only adds to the load. Methods in ``idempotent_methods``, or any request
+    carrying ``idempotency_header``, may be retried after they may have reached the target; others
+    only when the connection was refused, unless ``retry_non_idempotent``.
     ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
     ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
-    ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past it
-    the connection is closed instead.
-    ``deadline_grace``: seconds (at most a tenth of the attempt's limit) by which the deadline sent with
-    an attempt falls short of how long the client waits for it, so that an askonce callee's answer at that
-    deadline, which says what it spent, still arrives; such an answer is then retried like a timeout
-    (``core.retry.own_deadline``). 0 (the default): the callee gets the whole wait, its answer at that
-    deadline is a do-not-retry, and an attempt that times out is lost and its forwarded budget forfeited
-    (fail closed): timeouts are not retried.
+    ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past
+    it the connection is closed instead.
+    ``deadline_grace``: seconds (at most a tenth of the attempt's limit) by which the deadline sent
+    with an attempt falls short of how long the client waits for it, so that an askonce callee's
+    answer at that deadline, which says what it spent, still arrives; such an answer is then retried
+    like a timeout (``core.retry.own_deadline``). 0 (the default): the callee gets the whole wait,
+    its answer at that deadline is a do-not-retry, and an attempt that times out is lost and its
+    forwarded budget forfeited (fail closed): timeouts are not retried.
     """
 
     layer: str = "client"
@@ -66,22 +67,27 @@ class ClientPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not valid_name(self.layer):
-            raise ValueError(f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
+            raise ValueError(
+                f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
         for name, kinds in (("retry", RetryPolicy), ("bucket", (BucketPolicy, type(None))),
                             ("breaker", (BreakerPolicy, type(None)))):
             if not isinstance(getattr(self, name), kinds):
-                raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), got {getattr(self, name)!r}")
-        for name in ("retry_non_idempotent", "originator"):  # "no" is truthy: a str would retry every POST
+                raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), "
+                                 f"got {getattr(self, name)!r}")
+        # "no" is truthy: a str would retry every POST.
+        for name in ("retry_non_idempotent", "originator"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("retry_statuses", "throttle_statuses"):
             statuses = _collection(name, getattr(self, name))
             if not all(is_int(s) and 100 <= s <= 599 for s in statuses):  # http.HTTPStatus too
-                raise ValueError(f"{name} must hold HTTP status codes (100..599), got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must hold HTTP status codes (100..599), "
+                                 f"got {getattr(self, name)!r}")
             object.__setattr__(self, name, statuses)
         methods = _collection("idempotent_methods", self.idempotent_methods)
         if not all(isinstance(m, str) and m.isascii() and m.isalpha() for m in methods):
-            raise ValueError(f"idempotent_methods must be method names, got {self.idempotent_methods!r}")
+            raise ValueError(
+                f"idempotent_methods must be method names, got {self.idempotent_methods!r}")
         object.__setattr__(self, "idempotent_methods", frozenset(m.upper() for m in methods))
         header = self.idempotency_header
         if header is not None and not (isinstance(header, str) and header.isascii()
@@ -94,28 +100,31 @@ class ClientPolicy:
         if not is_real(g) or not 0 <= g <= 10:
             raise ValueError(f"deadline_grace must be within 0..10 s, got {g!r}")
         if not is_int(self.max_discard) or not 0 <= self.max_discard <= 1 << 26:
-            raise ValueError(f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
+            raise ValueError(
+                f"max_discard must be an int within 0..64 MiB, got {self.max_discard!r}")
 
 
 def _collection(name: str, value: Any) -> frozenset[Any]:
-    """A set-like option as a frozenset; a str is refused (it is a collection of letters: "GET" is G, E, T)."""
+    """A set-like option as a frozenset; a str is refused (it is a collection of letters: "GET" is
+    G, E, T)."""
     if isinstance(value, str | bytes):
-        raise ValueError(f"{name} must be a collection (a set or a list), not a single {type(value).__name__}: "
-                         f"{value!r}")
+        raise ValueError(f"{name} must be a collection (a set or a list), not a single "
+                         f"{type(value).__name__}: {value!r}")
     try:
         return frozenset(value)
     except TypeError:  # not iterable (503 for {503}), or holding what cannot be hashed
         raise ValueError(f"{name} must be a collection (a set or a list), got {value!r}") from None
 
 
-# --- what an attempt came to -----------------------------------------------------------------------
+# --- what an attempt came to ----------------------------------------------------------------------
 
 
 class Outcome(NamedTuple):
-    """An attempt as the integration judged it. ``failure`` is ``None`` when the attempt is the answer.
+    """An attempt as the integration judged it. ``failure`` is ``None`` when the attempt is the
+    answer.
 
-    ``health`` is the breaker's verdict on the target: ``True`` healthy, ``False`` failing, ``None`` no
-    verdict (the client's own 4xx says nothing about the target).
+    ``health`` is the breaker's verdict on the target: ``True`` healthy, ``False`` failing, ``None``
+    no verdict (the client's own 4xx says nothing about the target).
     """
 
     failure: Failure | None
@@ -124,7 +133,8 @@ class Outcome(NamedTuple):
 
 
 REFUSED_OUTCOME = Outcome(Failure(True, None, REFUSED), None, False)
-"""The request provably never reached the target (refused, connect timeout): retry, nothing was spent."""
+"""The request provably never reached the target (refused, connect timeout): retry, nothing was
+spent."""
 LOST_OUTCOME = Outcome(Failure(True, None, LOST), None, False)
 """Sent, and no response (read timeout, reset): the target may have spent all it was forwarded."""
 
@@ -154,11 +164,13 @@ def parse_retry_after(value: str | bytes | None, wall: float | None = None) -> f
     return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
 
 
-def judge_http(policy: ClientPolicy, status: int, headers: Any, wall: float | None = None) -> Outcome:
-    """An HTTP response as an attempt's outcome: statuses >= 500, the retry and throttle statuses fail.
+def judge_http(policy: ClientPolicy, status: int, headers: Any,
+               wall: float | None = None) -> Outcome:
+    """An HTTP response as an attempt's outcome: statuses >= 500, the retry and throttle statuses
+    fail.
 
-    ``headers``: any mapping with ``get`` (httpx, requests, ``email.message``). Everything else is the
-    answer, even a 404: the target answered, and retrying would not change it.
+    ``headers``: any mapping with ``get`` (httpx, requests, ``email.message``). Everything else is
+    the answer, even a 404: the target answered, and retrying would not change it.
     """
     return judge_reply(policy, status, read_reply(headers), headers, wall)
 
@@ -166,26 +178,29 @@ def judge_http(policy: ClientPolicy, status: int, headers: Any, wall: float | No
 def judge_reply(policy: ClientPolicy, status: int, reply: Reply | None, headers: Any,
                 wall: float | None = None) -> Outcome:
     """:func:`judge_http` for a reply already read (``headers`` is read only for Retry-After)."""
-    if status < 500 and status not in policy.retry_statuses and status not in policy.throttle_statuses:
+    if (status < 500 and status not in policy.retry_statuses
+            and status not in policy.throttle_statuses):
         if status < 400:
             return _ANSWERED_PLAIN if reply is None else Outcome(None, reply, True)
         return Outcome(None, reply, None)
     retry_after = parse_retry_after(headers.get("retry-after"), wall)
-    retryable = status in policy.retry_statuses or (status in policy.throttle_statuses and retry_after is not None)
+    retryable = status in policy.retry_statuses or (status in policy.throttle_statuses
+                                                    and retry_after is not None)
     return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, False)
 
 
 _ANSWERED_PLAIN = Outcome(None, None, True)
 
-# Parsed replies by their raw value. A target answers the same few values (``v=1, b=2``) over and over,
-# and a Reply is immutable, so each is parsed once. Bounded: values longer than 64 characters, and any
-# value once 256 are kept, are parsed every time.
+# Parsed replies by their raw value. A target answers the same few values (``v=1, b=2``) over and
+# over, and a Reply is immutable, so each is parsed once. Bounded: values longer than 64 characters,
+# and any value once 256 are kept, are parsed every time.
 _REPLIES: dict[str | bytes, Reply] = {}
 _MAX_CACHED_REPLIES = 256
 
 
 class _Raw:
-    """Raw ``askonce-reply`` values, as ``context.extract_reply`` reads them (two or more: malformed)."""
+    """Raw ``askonce-reply`` values, as ``context.extract_reply`` reads them (two or more:
+    malformed)."""
 
     __slots__ = ("values",)
 
@@ -197,10 +212,11 @@ class _Raw:
 
 
 def reply_from(values: Sequence[str | bytes]) -> Reply | None:
-    """The reply among a response's raw ``askonce-reply`` values; ``None`` if absent or malformed (counted).
+    """The reply among a response's raw ``askonce-reply`` values; ``None`` if absent or malformed
+    (counted).
 
-    What ``context.extract_reply`` returns for a header mapping holding ``values``, read from a cache for
-    the values seen before.
+    What ``context.extract_reply`` returns for a header mapping holding ``values``, read from a
+    cache for the values seen before.
     """
     if len(values) == 1:
         return _cached(values[0], _Raw(values))
@@ -208,13 +224,15 @@ def reply_from(values: Sequence[str | bytes]) -> Reply | None:
 
 
 def read_reply(headers: Any) -> Reply | None:
-    """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can be."""
+    """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can
+    be."""
     raw = context._header(headers, REPLY_HEADER)
     return None if raw is None else _cached(raw, headers)
 
 
 def _cached(raw: str | bytes, headers: Any) -> Reply | None:
-    """The reply whose raw value is ``raw``: from the cache, else ``context.extract_reply(headers)``."""
+    """The reply whose raw value is ``raw``: from the cache, else
+    ``context.extract_reply(headers)``."""
     cached = _REPLIES.get(raw)
     if cached is not None:
         return cached
@@ -228,4 +246,5 @@ def is_idempotent(policy: ClientPolicy, method: str, headers: Any) -> bool:
     """May this request be repeated after it may have reached the target?"""
     if policy.retry_non_idempotent or method.upper() in policy.idempotent_methods:
         return True
-    return policy.idempotency_header is not None and headers.get(policy.idempotency_header) is not None
+    return (policy.idempotency_header is not None
+            and headers.get(policy.idempotency_header) is not None)

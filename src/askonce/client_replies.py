@@ -1,9 +1,9 @@
 """Passing give-ups upward: where the give-ups of the calls made inside a request are recorded.
 
-Every give-up of an outgoing call (:mod:`askonce.client`) is noted here, so that a server middleware,
-which wraps each request in :func:`replies`, can read :func:`last_reply` before answering and pass a
-downstream do-not-retry on even when the handler turned the downstream error into a response of its own.
-Re-exported from :mod:`askonce.client`.
+Every give-up of an outgoing call (:mod:`askonce.client`) is noted here, so that a server
+middleware, which wraps each request in :func:`replies`, can read :func:`last_reply` before
+answering and pass a downstream do-not-retry on even when the handler turned the downstream error
+into a response of its own. Re-exported from :mod:`askonce.client`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ __all__ = ["Record", "last_reply", "record_replies", "recording", "replies", "st
 
 
 class Record:
-    """Where the give-ups of calls made inside one :func:`replies` block are written: the latest one.
+    """Where the give-ups of calls made inside one :func:`replies` block are written: the latest
+    one.
 
-    One per block, bound in a context variable: threads and tasks started inside copy the binding, so
-    their give-ups land here too. A server integration may record into an object of its own (a subclass).
+    One per block, bound in a context variable: threads and tasks started inside copy the binding,
+    so their give-ups land here too. A server integration may record into an object of its own (a
+    subclass).
     """
 
     __slots__ = ("last",)
@@ -35,7 +37,8 @@ _record: ContextVar[Record | None] = ContextVar("askonce.client.record", default
 
 @contextmanager
 def replies() -> Iterator[None]:
-    """Record give-ups of calls made in the block, including from threads and tasks started inside it.
+    """Record give-ups of calls made in the block, including from threads and tasks started inside
+    it.
 
     A server middleware wraps each request in this and reads :func:`last_reply` before answering.
     """
@@ -47,11 +50,12 @@ def replies() -> Iterator[None]:
 
 
 def record_replies(record: Record | None = None) -> Token[Record | None]:
-    """Start recording give-ups in the current context, as entering :func:`replies` does, without a block.
+    """Start recording give-ups in the current context, as entering :func:`replies` does, without a
+    block.
 
-    For a server that cannot wrap a request in ``with``: hand the token to :func:`stop_recording` when the
-    request is done, or drop it when the context is the request's own and is thrown away with it.
-    ``record``: where to record (a fresh :class:`Record` if not given).
+    For a server that cannot wrap a request in ``with``: hand the token to :func:`stop_recording`
+    when the request is done, or drop it when the context is the request's own and is thrown away
+    with it. ``record``: where to record (a fresh :class:`Record` if not given).
     """
     return _record.set(Record() if record is None else record)
 
@@ -62,12 +66,14 @@ def stop_recording(token: Token[Record | None]) -> None:
 
 
 def recording() -> Record | None:
-    """The record give-ups are written to now: the innermost :func:`replies` block's, or ``None``."""
+    """The record give-ups are written to now: the innermost :func:`replies` block's, or
+    ``None``."""
     return _record.get()
 
 
 def last_reply() -> Reply | None:
-    """The reply of the latest outgoing call that gave up, as recorded in the innermost :func:`replies`.
+    """The reply of the latest outgoing call that gave up, as recorded in the innermost
+    :func:`replies`.
 
     Outside any ``replies()`` block: the latest give-up made in this very context (thread or task).
     """
@@ -84,5 +90,6 @@ def _note(reply: Reply) -> None:
 
 
 def _attach(response: object, reply: Reply) -> None:
-    with suppress(AttributeError, TypeError):  # a response type with __slots__: last_reply() still has it
+    # A response type with __slots__: last_reply() still has it.
+    with suppress(AttributeError, TypeError):
         response.askonce_reply = reply  # type: ignore[attr-defined]

@@ -1,10 +1,10 @@
 """In-process propagation: the question bound to the running code, and headers in and out.
 
-``question()`` mints a question at an originator and binds it; ``current()`` reads it; ``inject`` and
-``extract`` move it through a header mapping; ``serve`` is what a server integration wraps a request in:
-extract (or mint) and bind on the way in, the reply to send on the way out. Everything uses one
-``ContextVar``, so the binding follows threads started with ``contextvars.copy_context`` and asyncio
-tasks created inside the request.
+``question()`` mints a question at an originator and binds it; ``current()`` reads it; ``inject``
+and ``extract`` move it through a header mapping; ``serve`` is what a server integration wraps a
+request in: extract (or mint) and bind on the way in, the reply to send on the way out. Everything
+uses one ``ContextVar``, so the binding follows threads started with ``contextvars.copy_context``
+and asyncio tasks created inside the request.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _stats: dict[str, int] = {}
 
 
 def count(name: str, n: int = 1) -> None:
-    """Count an event that must not pass silently (a malformed header, a fallback, a dropped record)."""
+    """Count an event that must not pass silently (a malformed header, a fallback, a dropped
+    record)."""
     with _stats_lock:
         _stats[name] = _stats.get(name, 0) + n
 
@@ -69,12 +70,13 @@ def tab_from(q: Question, now: float | None = None) -> Tab:
     return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline, sig=q.sig)
 
 
-def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None, limits: Limits, now: float,
-               secret: bytes | str | None = None) -> Tab:
-    """The question a server layer mints when none (or a bad one) arrived: clamped by ``limits``, its key
-    minted lazily; signed with ``secret`` if one is given (an originator's edge key)."""
+def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None, limits: Limits,
+               now: float, secret: bytes | str | None = None) -> Tab:
+    """The question a server layer mints when none (or a bad one) arrived: clamped by ``limits``,
+    its key minted lazily; signed with ``secret`` if one is given (an originator's edge key)."""
     tab = Tab(None, layer, originator, Account(min(budget, limits.max_budget)),
-              None if deadline is None else now + min(deadline, limits.max_deadline), minter=new_key)
+              None if deadline is None else now + min(deadline, limits.max_deadline),
+              minter=new_key)
     if secret is not None:
         tab.sig = _sign(tab.key, secret)
     return tab
@@ -90,10 +92,10 @@ class question:
     """Mint a question at an originator and bind it for the block (``with`` or ``async with``).
 
     ``budget`` is the number of retries the whole question may cost, across every layer below;
-    ``deadline`` is seconds from now. ``origin`` names the minting layer; ``edge=True`` declares it an
-    originator, whose keys the target counts as attributable. ``secret``: the originators' shared secret;
-    the key is then signed (``askonce.signing``) so that targets checking signatures can tell real edge
-    keys from forged ones.
+    ``deadline`` is seconds from now. ``origin`` names the minting layer; ``edge=True`` declares it
+    an originator, whose keys the target counts as attributable. ``secret``: the originators' shared
+    secret; the key is then signed (``askonce.signing``) so that targets checking signatures can
+    tell real edge keys from forged ones.
     """
 
     __slots__ = ("_tab", "_token", "question")
@@ -111,7 +113,8 @@ class question:
         if not 0 <= budget <= wire.MAX_BUDGET:
             raise ValueError(f"budget must be within 0..{wire.MAX_BUDGET}, got {budget!r}")
         if deadline is not None and not 0 < deadline <= wire.MAX_DEADLINE_MS / 1000:
-            raise ValueError(f"deadline must be within (0, 86400] seconds or None, got {deadline!r}")
+            raise ValueError(
+                f"deadline must be within (0, 86400] seconds or None, got {deadline!r}")
         if not wire.valid_name(origin):
             raise ValueError(f"origin must be a name like 'edge' or 'web-1', got {origin!r}")
         now = monotonic()
@@ -126,7 +129,8 @@ class question:
         self._token = _frame.set((self._tab, ()))
         return self.question
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._token is not None:
             _frame.reset(self._token)
             self._token = None
@@ -155,12 +159,14 @@ def bind(q: Question | Tab, path: tuple[Hop, ...] | None = None) -> Iterator[Que
 def fanout(label: str) -> Iterator[Question]:
     """Bind a child of the current question for one of several distinct calls made for it.
 
-    The child's key is derived from the parent's and ``label`` (retrying the parent reproduces the same
-    children), and it draws on the parent's budget. Without a bound question this binds nothing new.
+    The child's key is derived from the parent's and ``label`` (retrying the parent reproduces the
+    same children), and it draws on the parent's budget. Without a bound question this binds nothing
+    new.
     """
     frame = _frame.get()
     if frame is None:
-        raise LookupError("askonce.fanout() needs a bound question (askonce.question() or a server middleware)")
+        raise LookupError("askonce.fanout() needs a bound question (askonce.question() or a "
+                          "server middleware)")
     tab, path = frame
     child = tab.child(label)
     token = _frame.set((child, path))
@@ -175,7 +181,8 @@ def fanout(label: str) -> Iterator[Question]:
 
 def _header(headers: Any, name: str) -> str | bytes | None:
     getter = getattr(headers, "get_all", None) or getattr(headers, "get_list", None)
-    if getter is not None:  # multi-valued mappings (httpx, starlette, email.message): duplicates are malformed
+    # Multi-valued mappings (httpx, starlette, email.message): duplicates are malformed.
+    if getter is not None:
         values = getter(name)
         if not values:
             return None
@@ -184,7 +191,8 @@ def _header(headers: Any, name: str) -> str | bytes | None:
         return values[0]  # type: ignore[no-any-return]
     value = headers.get(name)
     if value is None:
-        value = headers.get(name.encode("ascii"))  # ASGI-style and gRPC-style mappings use bytes keys
+        # ASGI-style and gRPC-style mappings use bytes keys.
+        value = headers.get(name.encode("ascii"))
     return value  # type: ignore[no-any-return]
 
 
@@ -224,11 +232,12 @@ def extract_reply(headers: Mapping[str, str] | Any) -> Reply | None:
     return parsed
 
 
-def question_header(frame: Frame, now: float, timeout: float | None = None, budget: int | None = None) -> str:
+def question_header(frame: Frame, now: float, timeout: float | None = None,
+                    budget: int | None = None) -> str:
     """The ``askonce-question`` value for an outgoing call made from ``frame``.
 
-    ``timeout``: how long this caller will wait for the answer; the callee gets the tighter of it and
-    the question's deadline, so it never works for a caller who has stopped listening.
+    ``timeout``: how long this caller will wait for the answer; the callee gets the tighter of it
+    and the question's deadline, so it never works for a caller who has stopped listening.
     """
     tab, path = frame
     remaining = None if tab.deadline is None else tab.deadline - now
@@ -238,8 +247,10 @@ def question_header(frame: Frame, now: float, timeout: float | None = None, budg
     return wire.format_question(tab.key, tab.origin, tab.edge, sent, remaining, path, tab.sig)
 
 
-def inject(headers: MutableMapping[str, str], *, timeout: float | None = None, now: float | None = None) -> bool:
-    """Write the bound question into ``headers``; returns False (and writes nothing) if none is bound.
+def inject(headers: MutableMapping[str, str], *, timeout: float | None = None,
+           now: float | None = None) -> bool:
+    """Write the bound question into ``headers``; returns False (and writes nothing) if none is
+    bound.
 
     This only writes: the budget is not held in escrow. For a call whose reply you can read, prefer
     :class:`outgoing`, which holds what it forwards and settles it from the reply.
@@ -252,7 +263,8 @@ def inject(headers: MutableMapping[str, str], *, timeout: float | None = None, n
 
 
 class outgoing:
-    """One call to another process: forward the question, hold the budget sent, settle it from the reply.
+    """One call to another process: forward the question, hold the budget sent, settle it from the
+    reply.
 
     ::
 
@@ -260,10 +272,10 @@ class outgoing:
             response = send(headers)
             call.answered(response.headers)      # reads askonce-reply; or call.answered(reply=...)
 
-    Leaving the block without ``answered``: an exception marked ``askonce_reached = False`` (never sent)
-    returns the held budget; any other exception counts as sent-and-lost (fail closed: the callee may
-    have spent all it was forwarded); a clean exit counts as answered by a callee that said nothing.
-    With no question bound, nothing is written and nothing held.
+    Leaving the block without ``answered``: an exception marked ``askonce_reached = False`` (never
+    sent) returns the held budget; any other exception counts as sent-and-lost (fail closed: the
+    callee may have spent all it was forwarded); a clean exit counts as answered by a callee that
+    said nothing. With no question bound, nothing is written and nothing held.
     """
 
     __slots__ = ("_frame", "_held", "_settled", "reply")
@@ -278,9 +290,10 @@ class outgoing:
             account = self._frame[0].account
             self._held = account.hold(account.left)
             try:
-                headers[QUESTION_HEADER] = question_header(self._frame, monotonic() if now is None else now,
-                                                           timeout, self._held)
-            except BaseException:  # nothing was sent (a bad timeout, a key minter that failed): give it back
+                headers[QUESTION_HEADER] = question_header(
+                    self._frame, monotonic() if now is None else now, timeout, self._held)
+            # Nothing was sent (a bad timeout, a key minter that failed): give it back.
+            except BaseException:
                 account.release(self._held)
                 self._held = 0
                 raise
@@ -315,7 +328,8 @@ class outgoing:
     def __enter__(self) -> outgoing:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._settled:
             return
         if e is None:
@@ -343,8 +357,10 @@ class Serving:
         self.minted = minted
 
     def reply(self, error: BaseException | None = None) -> Reply:
-        """The reply for the caller: what is left of the budget, and do-not-retry if a give-up says so."""
-        from askonce.errors import reply_of  # errors imports the core only; kept local to avoid a cycle
+        """The reply for the caller: what is left of the budget, and do-not-retry if a give-up says
+        so."""
+        # errors imports the core only; kept local to avoid a cycle
+        from askonce.errors import reply_of
 
         inner = None if error is None else reply_of(error)
         left = self.tab.account.left
@@ -367,18 +383,20 @@ def serve(
     limits: Limits = Limits(),
     secret: bytes | str | None = None,
 ) -> Iterator[Serving]:
-    """Bind the question that arrived in ``headers`` for the block, or mint one if none (or a bad one) came.
+    """Bind the question that arrived in ``headers`` for the block, or mint one if none (or a bad
+    one) came.
 
-    A layer configured as an ``originator`` mints attributable edge keys (signed with ``secret`` if one is
-    given); any other layer mints a local key (``edge=False``, origin ``layer``) that the target's ledger
-    reads as re-minted by this layer.
+    A layer configured as an ``originator`` mints attributable edge keys (signed with ``secret`` if
+    one is given); any other layer mints a local key (``edge=False``, origin ``layer``) that the
+    target's ledger reads as re-minted by this layer.
     """
     now = monotonic()
     q = extract(headers, limits=limits, now=now)
     if q is not None:
         tab, path, minted = tab_from(q), q.path, False
     else:
-        tab = minted_tab(layer, originator, budget, deadline, limits, now, secret if originator else None)
+        tab = minted_tab(layer, originator, budget, deadline, limits, now,
+                         secret if originator else None)
         path, minted = (), True
     token = _frame.set((tab, path))
     try:

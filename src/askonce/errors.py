@@ -3,13 +3,13 @@
 ::
 
     AskonceError
-    ├── GaveUp                 a layer stopped trying; .reply is what it tells its caller
-    │   ├── BudgetExhausted    the question's retry budget is spent            (reason "exhausted")
-    │   ├── DeadlineExceeded   no attempt could finish before the deadline     (reason "deadline")
-    │   ├── DoNotRetry         a callee said do-not-retry (overloaded, cap, ...) and it is passed on
-    │   ├── RetryThrottled     this client's retry token bucket for the target is empty
-    │   └── CircuitOpen        the target's breaker is open; .retry_at says when it probes again
-    └── MalformedContext       a strict parse of a header failed (lenient paths count, not raise)
+    ├── GaveUp               a layer stopped trying; .reply is what it tells its caller
+    │   ├── BudgetExhausted  the question's retry budget is spent (reason "exhausted")
+    │   ├── DeadlineExceeded no attempt could finish before the deadline (reason "deadline")
+    │   ├── DoNotRetry       a callee said do-not-retry (overloaded, cap, ...): passed on
+    │   ├── RetryThrottled   this client's retry token bucket for the target is empty
+    │   └── CircuitOpen      the target's breaker is open; .retry_at: when it probes again
+    └── MalformedContext     a strict parse of a header failed (lenient paths count)
 
 A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent)
 re-raises the original exception instead, with the reply attached as ``exc.askonce_reply``
@@ -29,7 +29,7 @@ class AskonceError(Exception):
 
 
 class MalformedContext(AskonceError, ValueError):
-    """A header could not be parsed by a strict API (``askonce.parse_question(..., strict=True)``)."""
+    """A header could not be parsed by a strict API (``parse_question(..., strict=True)``)."""
 
 
 class GaveUp(AskonceError):

@@ -1,14 +1,16 @@
-"""``askonce report`` and ``askonce audit``: the ledger's figures in a terminal table (rich if installed) or JSON.
+"""``askonce report`` and ``askonce audit``: the ledger's figures in a terminal table (rich if
+installed) or JSON.
 
 ::
 
-    askonce report --redis redis://127.0.0.1:6379/0          # what every replica sharing Redis counted
+    askonce report --redis redis://127.0.0.1:6379/0          # what the replicas sharing Redis count
     askonce report --url http://host:8000/askonce/report.json # what a ReportApp serves
     askonce audit access.log.gz --format nginx               # the same figures from an access log
 
-``cli.py`` registers these with :func:`add_report_parser` and :func:`add_audit_parser`; :func:`main`
-runs them alone (``python -m askonce.ledger_cli ...``). Exit status: 0, 1 when the figures cannot be had
-(Redis away, no ledger under the prefix, an unreadable file), 2 for usage errors.
+``cli.py`` registers these with :func:`add_report_parser` and :func:`add_audit_parser`;
+:func:`main` runs them alone (``python -m askonce.ledger_cli ...``). Exit status: 0, 1 when the
+figures cannot be had (Redis away, no ledger under the prefix, an unreadable file), 2 for usage
+errors.
 """
 
 from __future__ import annotations
@@ -24,19 +26,24 @@ from typing import Any
 
 __all__ = ["add_audit_parser", "add_report_parser", "main"]
 
-Row = dict[str, Any]  # one operation's figures in one window, as Report.to_dict() writes them
+# One operation's figures in one window, as Report.to_dict() writes them.
+Row = dict[str, Any]
 
 
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "report", help="the target's ledger: arrivals per question, coverage, who retried and who re-keyed",
+        "report",
+        help="the target's ledger: arrivals per question, coverage, who retried and who re-keyed",
         description="Read the shared ledger from Redis (--redis) or a running ReportApp (--url).")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--redis", metavar="URL", help="Redis URL the RedisLedger replicas share (default: "
+    source.add_argument("--redis", metavar="URL",
+                        help="Redis URL the RedisLedger replicas share (default: "
                         "$ASKONCE_REDIS or redis://127.0.0.1:6379/0)")
     source.add_argument("--url", metavar="URL", help="a ReportApp's report.json")
-    p.add_argument("--prefix", default="askonce", help="the RedisLedger's key prefix (default: askonce)")
-    p.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for Redis or the URL")
+    p.add_argument("--prefix", default="askonce",
+                   help="the RedisLedger's key prefix (default: askonce)")
+    p.add_argument("--timeout", type=_seconds, default=5.0,
+                   help="seconds to wait for Redis or the URL")
     _output_options(p)
     p.set_defaults(func=_report)
     return p
@@ -46,7 +53,8 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     from askonce.audit import AUDIT_POLICY
 
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "audit", help="the ledger's report computed from access logs that recorded askonce-question",
+        "audit",
+        help="the ledger's report computed from access logs that recorded askonce-question",
         description="Stream an access log (plain, .gz, or - for stdin) through the ledger.")
     p.add_argument("file")
     p.add_argument("--format", choices=["jsonl", "nginx"], default="jsonl")
@@ -54,16 +62,21 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--time-field", default="time", help="jsonl: epoch seconds or ISO 8601")
     p.add_argument("--operation-field", default="operation", help="jsonl (else method + path)")
     p.add_argument("--principal-field", default="principal", help="jsonl")
-    p.add_argument("--field", type=int, metavar="N", help="nginx: the header's field, from 1 (default: the "
+    p.add_argument("--field", type=int, metavar="N",
+                   help="nginx: the header's field, from 1 (default: the "
                    "first quoted field starting with v=)")
-    p.add_argument("--principal-index", type=int, metavar="N", help="nginx: the principal's field, from 1")
-    p.add_argument("--regex", help="nginx: named groups question, time, operation or method+path, principal")
-    p.add_argument("--window", type=float, default=AUDIT_POLICY.window, help="seconds per window (default 3600)")
+    p.add_argument("--principal-index", type=int, metavar="N",
+                   help="nginx: the principal's field, from 1")
+    p.add_argument("--regex",
+                   help="nginx: named groups question, time, operation or method+path, principal")
+    p.add_argument("--window", type=float, default=AUDIT_POLICY.window,
+                   help="seconds per window (default 3600)")
     p.add_argument("--windows-kept", type=int, default=AUDIT_POLICY.windows_kept,
                    help="closed windows reported before the last (default 23)")
     p.add_argument("--max-exact-keys", type=int, default=AUDIT_POLICY.max_exact_keys,
                    help="exact keys per operation and window; beyond: estimates (default 50000)")
-    p.add_argument("--secret-env", metavar="VAR", help="environment variable holding the edge-key signing "
+    p.add_argument("--secret-env", metavar="VAR",
+                   help="environment variable holding the edge-key signing "
                    "secret: e counts only with a valid signature")
     _output_options(p)
     p.set_defaults(func=_audit)
@@ -75,17 +88,19 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= 3600:  # NaN fails too; 0 or less: every client library refuses it, later and less clearly
+    # NaN fails too; 0 or less: every client library refuses it, later and less clearly.
+    if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"expected seconds within (0, 3600], got {text!r}")
     return value
 
 
 def _output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for machines")
-    p.add_argument("--plain", action="store_true", help="a plain-text table even if rich is installed")
+    p.add_argument("--plain", action="store_true",
+                   help="a plain-text table even if rich is installed")
 
 
-# --- the commands ---------------------------------------------------------------------------------------
+# --- the commands ---------------------------------------------------------------------------------
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -99,9 +114,10 @@ def _report(args: argparse.Namespace) -> int:
         return 0
     try:
         _print(data, args.plain, f"askonce ledger ({args.url or _redis_url(args)})")
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:  # a URL may answer anything
-        print(f"askonce report: {args.url or _redis_url(args)} answered a malformed report ({exc!r})",
-              file=sys.stderr)
+    # A URL may answer anything.
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        print(f"askonce report: {args.url or _redis_url(args)} answered a malformed report "
+              f"({exc!r})", file=sys.stderr)
         return 1
     return 0
 
@@ -139,10 +155,12 @@ def _audit(args: argparse.Namespace) -> int:
     from askonce.core.ledger import LedgerPolicy
 
     try:  # the flags: a usage error (2)
-        fmt = LogFormat(kind=args.format, question_field=args.question_field, time_field=args.time_field,
-                        operation_field=args.operation_field, principal_field=args.principal_field,
-                        field=args.field, principal_index=args.principal_index, regex=args.regex)
-        policy = LedgerPolicy(window=args.window, windows_kept=args.windows_kept, max_exact_keys=args.max_exact_keys)
+        fmt = LogFormat(kind=args.format, question_field=args.question_field,
+                        time_field=args.time_field, operation_field=args.operation_field,
+                        principal_field=args.principal_field, field=args.field,
+                        principal_index=args.principal_index, regex=args.regex)
+        policy = LedgerPolicy(window=args.window, windows_kept=args.windows_kept,
+                              max_exact_keys=args.max_exact_keys)
     except ValueError as exc:
         print(f"askonce audit: {exc}", file=sys.stderr)
         return 2
@@ -167,10 +185,10 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- the table ------------------------------------------------------------------------------------------
+# --- the table ------------------------------------------------------------------------------------
 
-_COLUMNS = ("window (UTC)", "operation", "arrivals", "keyed", "keys", "amplif.", "coverage", "p50/p99/max",
-            "undeclared", "refused", "re-minted by", "retries by")
+_COLUMNS = ("window (UTC)", "operation", "arrivals", "keyed", "keys", "amplif.", "coverage",
+            "p50/p99/max", "undeclared", "refused", "re-minted by", "retries by")
 
 
 def _cells(o: Row) -> list[str]:
@@ -179,11 +197,13 @@ def _cells(o: Row) -> list[str]:
 
     per = o["per_key"]
     start = datetime.datetime.fromtimestamp(o["start"], datetime.UTC).strftime("%m-%d %H:%M")
-    return [start + ("*" if o["current"] else ""), o["operation"], str(o["arrivals"]), str(o["attributable"]),
-            str(o["distinct_keys"]) + ("~" if o["approximate"] else ""), num(o["amplification"]),
+    return [start + ("*" if o["current"] else ""), o["operation"], str(o["arrivals"]),
+            str(o["attributable"]), str(o["distinct_keys"]) + ("~" if o["approximate"] else ""),
+            num(o["amplification"]),
             "-" if o["coverage"] is None else f"{100 * o['coverage']:.1f}%",
             "/".join("-" if per[k] is None else str(per[k]) for k in ("p50", "p99", "max")),
-            str(o["undeclared_retries"]), str(o["refused"]), _names(o["reminted_by"]), _names(o["retries_by"])]
+            str(o["undeclared_retries"]), str(o["refused"]), _names(o["reminted_by"]),
+            _names(o["retries_by"])]
 
 
 def _names(counts: dict[str, int]) -> str:
@@ -195,8 +215,10 @@ def _total(ops: list[Row]) -> list[str]:
     keyed = sum(o["attributable"] for o in ops)
     keys = sum(o["distinct_keys"] for o in ops)
     return ["all", "(every operation)", str(arrivals), str(keyed), str(keys),
-            f"{keyed / keys:.2f}" if keys else "-", f"{100 * keyed / arrivals:.1f}%" if arrivals else "-", "",
-            str(sum(o["undeclared_retries"] for o in ops)), str(sum(o["refused"] for o in ops)), "", ""]
+            f"{keyed / keys:.2f}" if keys else "-",
+            f"{100 * keyed / arrivals:.1f}%" if arrivals else "-", "",
+            str(sum(o["undeclared_retries"] for o in ops)), str(sum(o["refused"] for o in ops)),
+            "", ""]
 
 
 def _print(data: dict[str, Any], plain: bool, title: str) -> None:
@@ -220,16 +242,18 @@ def _print(data: dict[str, Any], plain: bool, title: str) -> None:
         widths = [max(len(r[i]) for r in [list(_COLUMNS), *rows]) for i in range(len(_COLUMNS))]
         print(title)
         for r in [list(_COLUMNS), *rows]:
-            print("  ".join(c.ljust(w) if i < 2 or i >= 10 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths,
-                                                                                                      strict=True))))
+            print("  ".join(c.ljust(w) if i < 2 or i >= 10 else c.rjust(w)
+                            for i, (c, w) in enumerate(zip(r, widths, strict=True))))
         for note in notes:
             print(note)
         return
     table = Table(title=title, title_justify="left")
     for i, name in enumerate(_COLUMNS):
-        table.add_column(name, justify="left" if i < 2 or i >= 10 else "right", no_wrap=i < 10, overflow="fold")
+        table.add_column(name, justify="left" if i < 2 or i >= 10 else "right", no_wrap=i < 10,
+                         overflow="fold")
     for r in rows:
-        table.add_row(*(Text(c) for c in r), end_section=r[0] == "all")  # Text: names are not markup
+        # Text: names are not markup.
+        table.add_row(*(Text(c) for c in r), end_section=r[0] == "all")
     console = Console()
     if not console.is_terminal:  # piped: no terminal width to respect, and folded cells read badly
         console = Console(width=200)
@@ -239,7 +263,8 @@ def _print(data: dict[str, Any], plain: bool, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="askonce", description="The target's ledger, from Redis or from logs.")
+    parser = argparse.ArgumentParser(prog="askonce",
+                                     description="The target's ledger, from Redis or from logs.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_report_parser(sub)
     add_audit_parser(sub)

@@ -1,28 +1,33 @@
-"""Shells around the core ledger: thread-safe in memory, and in Redis so that a target's replicas share one count.
+"""Shells around the core ledger: thread-safe in memory, and in Redis so that a target's replicas
+share one count.
 
-:class:`MemoryLedger` is a :class:`~askonce.core.ledger.Ledger` behind a lock. :class:`RedisLedger` keeps
-one too (this replica's view, and the cap's fallback) and also appends every arrival to a bounded buffer
-that a background thread aggregates and writes to Redis (``flush_interval``, or sooner once
-``batch`` arrivals wait), so the request path does no I/O unless a cap is set. Both expose exactly what
-the server integrations call: ``record(now, operation, *, key, edge, origin, path, principal,
-malformed) -> bool`` and ``report(now)``; ``now`` is wall-clock seconds so that replicas agree on windows.
+:class:`MemoryLedger` is a :class:`~askonce.core.ledger.Ledger` behind a lock. :class:`RedisLedger`
+keeps one too (this replica's view, and the cap's fallback) and also appends every arrival to a
+bounded buffer that a background thread aggregates and writes to Redis (``flush_interval``, or
+sooner once ``batch`` arrivals wait), so the request path does no I/O unless a cap is set. Both
+expose exactly what the server integrations call:
+``record(now, operation, *, key, edge, origin, path, principal, malformed) -> bool`` and
+``report(now)``; ``now`` is wall-clock seconds so that replicas agree on windows.
 
-What lives in Redis (see :mod:`askonce._ledger_redis` for the key layout and the scripts): per window and
-operation, counters, a hash of arrivals per (principal, key), a hash of arrivals per (key, path), a
-HyperLogLog (PFADD/PFCOUNT) of the attributable keys beyond the exact bound, and the retries per layer
-and re-mints per origin; every key has a TTL of ``windows_kept + 2`` windows and all the keys of one
-window share one hash tag. :meth:`RedisLedger.report` reads them back and summarises them with the core,
-so figures mean exactly what they mean in memory; they lag the other replicas by at most a flush.
+What lives in Redis (see :mod:`askonce._ledger_redis` for the key layout and the scripts): per
+window and operation, counters, a hash of arrivals per (principal, key), a hash of arrivals per
+(key, path), a HyperLogLog (PFADD/PFCOUNT) of the attributable keys beyond the exact bound, and the
+retries per layer and re-mints per origin; every key has a TTL of ``windows_kept + 2`` windows and
+all the keys of one window share one hash tag. :meth:`RedisLedger.report` reads them back and
+summarises them with the core, so figures mean exactly what they mean in memory; they lag the other
+replicas by at most a flush.
 
 The cap across replicas is exact: with a cap set, each keyed arrival increments its (operation,
 principal, key, window) count in one Lua script on the request path (client timeouts ``op_timeout``,
 50 ms) and the answer decides. If Redis fails or times out, Redis is left alone for ``retry_after``
-seconds and the local ledger's cap decides instead: a per-replica cap, so a fleet of N replicas admits
-up to N times the cap for a key while Redis is away (``ledger.redis.cap-fallback`` counts those calls).
+seconds and the local ledger's cap decides instead: a per-replica cap, so a fleet of N replicas
+admits up to N times the cap for a key while Redis is away (``ledger.redis.cap-fallback`` counts
+those calls).
 
-Redis down: arrivals wait in the buffer up to ``max_buffer``; what does not fit is dropped and counted
-(``Ledger.note_dropped`` on the local ledger, ``askonce.stats()`` ``ledger.redis.dropped.<reason>``, and
-in Redis' shared ``dropped`` once it is back), so the report shows the loss instead of hiding it.
+Redis down: arrivals wait in the buffer up to ``max_buffer``; what does not fit is dropped and
+counted (``Ledger.note_dropped`` on the local ledger, ``askonce.stats()``
+``ledger.redis.dropped.<reason>``, and in Redis' shared ``dropped`` once it is back), so the report
+shows the loss instead of hiding it.
 """
 
 from __future__ import annotations
@@ -50,16 +55,19 @@ Path = tuple[tuple[str, int], ...]
 
 
 class LedgerShell(Protocol):
-    """What a server integration and the report publishers use: thread-safe ``record`` and ``report``."""
+    """What a server integration and the report publishers use: thread-safe ``record`` and
+    ``report``."""
 
     def record(self, now: float, operation: str, *, key: str | None, edge: bool = False,
-               origin: str | None = None, path: Path = (), principal: str = "", malformed: bool = False) -> bool: ...
+               origin: str | None = None, path: Path = (), principal: str = "",
+               malformed: bool = False) -> bool: ...
 
     def report(self, now: float) -> Report: ...
 
 
 class MemoryLedger:
-    """A core :class:`Ledger` behind a lock: safe to record from many threads and report from another."""
+    """A core :class:`Ledger` behind a lock: safe to record from many threads and report from
+    another."""
 
     thread_safe = True  # integrations may skip a lock of their own
     __slots__ = ("_lock", "_record", "ledger", "policy")
@@ -70,11 +78,12 @@ class MemoryLedger:
         self._lock = threading.Lock()
         self._record = self.ledger.record
 
-    def record(self, now: float, operation: str, *, key: str | None, edge: bool = False, origin: str | None = None,
-               path: Path = (), principal: str = "", malformed: bool = False) -> bool:
+    def record(self, now: float, operation: str, *, key: str | None, edge: bool = False,
+               origin: str | None = None, path: Path = (), principal: str = "",
+               malformed: bool = False) -> bool:
         with self._lock:
-            return self._record(now, operation, key=key, edge=edge, origin=origin, path=path, principal=principal,
-                                malformed=malformed)
+            return self._record(now, operation, key=key, edge=edge, origin=origin, path=path,
+                                principal=principal, malformed=malformed)
 
     def report(self, now: float) -> Report:
         with self._lock:
@@ -96,7 +105,8 @@ class MemoryLedger:
 
 
 class LedgerUnavailable(ConnectionError):
-    """The shared figures could not be read from Redis (``RedisLedger.local_report`` still works)."""
+    """The shared figures could not be read from Redis (``RedisLedger.local_report`` still
+    works)."""
 
 
 Arrival = tuple[float, str, "str | None", bool, "str | None", Path, str, bool, int]
@@ -122,7 +132,8 @@ class _Health:
         self.down_until = self._clock() + self._retry_after
         if first:
             context.count("ledger.redis.down")
-            log.warning("askonce: ledger cannot reach Redis (%s: %r); buffering, local cap", what, exc)
+            log.warning("askonce: ledger cannot reach Redis (%s: %r); buffering, local cap",
+                        what, exc)
 
     def succeeded(self) -> None:
         if self.down_until is not None:
@@ -135,10 +146,10 @@ class RedisLedger:
     """A ledger shared by every replica of a target through Redis; see the module docstring.
 
     ``client_or_url``: a ``redis://`` URL (two clients are made: one with ``op_timeout`` for the
-    request path, one with ``read_timeout`` for flushes and reports, both without client retries) or a
-    ``redis.Redis`` used for both (give it timeouts). ``clock`` is monotonic, for the back-off only.
-    ``start=False`` runs no flusher thread: call :meth:`flush` yourself. ``local=False`` (only without
-    a cap) keeps no local ledger: :meth:`record` is then an append to the buffer, and
+    request path, one with ``read_timeout`` for flushes and reports, both without client retries) or
+    a ``redis.Redis`` used for both (give it timeouts). ``clock`` is monotonic, for the back-off
+    only. ``start=False`` runs no flusher thread: call :meth:`flush` yourself. ``local=False`` (only
+    without a cap) keeps no local ledger: :meth:`record` is then an append to the buffer, and
     :meth:`local_report` shows only what was dropped.
     """
 
@@ -147,13 +158,15 @@ class RedisLedger:
     def __init__(self, client_or_url: str | redis.Redis, *, policy: LedgerPolicy = LedgerPolicy(),
                  prefix: str = "askonce", op_timeout: float = 0.05, read_timeout: float = 2.0,
                  retry_after: float = 1.0, flush_interval: float = 0.25, batch: int = 4096,
-                 max_buffer: int = 100_000, clock: Callable[[], float] = time.monotonic, start: bool = True,
-                 local: bool = True) -> None:
+                 max_buffer: int = 100_000, clock: Callable[[], float] = time.monotonic,
+                 start: bool = True, local: bool = True) -> None:
         lr.check_prefix(prefix)
         if not local and policy.cap is not None:
-            raise ValueError("a capped RedisLedger needs its local ledger: it is the cap's fallback")
-        for name, value, low, high in (("op_timeout", op_timeout, 0.001, 60.0), ("read_timeout", read_timeout, 0.001,
-                                       600.0), ("retry_after", retry_after, 0.0, 3600.0),
+            raise ValueError(
+                "a capped RedisLedger needs its local ledger: it is the cap's fallback")
+        for name, value, low, high in (("op_timeout", op_timeout, 0.001, 60.0),
+                                       ("read_timeout", read_timeout, 0.001, 600.0),
+                                       ("retry_after", retry_after, 0.0, 3600.0),
                                        ("flush_interval", flush_interval, 0.001, 3600.0)):
             if not (isinstance(value, int | float) and low <= value <= high):
                 raise ValueError(f"{name} must be within {low}..{high} seconds, got {value!r}")
@@ -172,7 +185,8 @@ class RedisLedger:
         self._health = _Health(clock, retry_after)
         self._cap = policy.cap
         self._lock = self.local._lock  # one lock for the local ledger and the buffer
-        # Without a cap the local ledger only serves local_report(); local=False makes record() an append.
+        # Without a cap the local ledger only serves local_report(); local=False makes record() an
+        # append.
         self._local_record = self.local._record if local else None
         self._flush_lock = threading.Lock()  # one flush at a time
         self._buffer: list[Arrival] = []
@@ -186,23 +200,28 @@ class RedisLedger:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if start:
-            self._thread = threading.Thread(target=self._run, name="askonce-ledger-flush", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="askonce-ledger-flush",
+                                            daemon=True)
             self._thread.start()
 
-    # --- the request path ---------------------------------------------------------------------------
+    # --- the request path -------------------------------------------------------------------------
 
-    def record(self, now: float, operation: str, *, key: str | None, edge: bool = False, origin: str | None = None,
-               path: Path = (), principal: str = "", malformed: bool = False) -> bool:
-        """Count one arrival; with a cap, False if it is over the cap (answered by Redis, else locally)."""
+    def record(self, now: float, operation: str, *, key: str | None, edge: bool = False,
+               origin: str | None = None, path: Path = (), principal: str = "",
+               malformed: bool = False) -> bool:
+        """Count one arrival; with a cap, False if it is over the cap (answered by Redis, else
+        locally)."""
         flag = -1
         if self._cap is not None and key is not None and not malformed:
             index = window_index(now, self.policy.window)  # ValueError for a time no window holds
-            flag = self._capped(index, operation, key, edge, principal)  # I/O: before the lock, never under it
+            # I/O: before the lock, never under it.
+            flag = self._capped(index, operation, key, edge, principal)
         local = self._local_record
         if local is None and not math.isfinite(now):  # the local ledger would have said so
             raise ValueError(f"ledger time must be a finite number of seconds, got {now!r}")
         with self._lock:
-            allowed = True if local is None else local(now, operation, key=key, edge=edge, origin=origin, path=path,
+            allowed = True if local is None else local(now, operation, key=key, edge=edge,
+                                                       origin=origin, path=path,
                                                        principal=principal, malformed=malformed)
             if flag < 0:
                 flag = 0 if allowed else REFUSED
@@ -241,11 +260,12 @@ class RedisLedger:
         context.count(f"ledger.redis.dropped.{reason}", n)
 
     def note_dropped(self, n: int, reason: str) -> None:
-        """Count arrivals lost before :meth:`record` (shown locally, and shared at the next flush)."""
+        """Count arrivals lost before :meth:`record` (shown locally, and shared at the next
+        flush)."""
         with self._lock:
             self._drop_locked(n, reason)
 
-    # --- flushing -----------------------------------------------------------------------------------
+    # --- flushing ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -265,7 +285,8 @@ class RedisLedger:
                 self._held_n += len(batch)  # in flight: still takes room until Redis has it
             try:
                 calls, expired, invalid = self._writer.prepare(batch)
-            except Exception:  # a bug, not bad input (prepare counts that): lose this batch visibly, go on
+            # A bug, not bad input (prepare counts that): lose this batch visibly, go on.
+            except Exception:
                 log.exception("askonce: ledger flush could not prepare %d arrivals", len(batch))
                 with self._lock:
                     self._held_n -= len(batch)
@@ -279,8 +300,9 @@ class RedisLedger:
                 dropped, self._unsent_dropped = self._unsent_dropped, {}
             if dropped:
                 if any(call[0] == "dropped" for call in self._held):
-                    # One held drop count at a time: a call per flush would grow for as long as Redis is
-                    # away. The held one cannot take more (it may have run already); these wait their turn.
+                    # One held drop count at a time: a call per flush would grow for as long as
+                    # Redis is away. The held one cannot take more (it may have run already):
+                    # these wait their turn.
                     with self._lock:
                         for reason, n in dropped.items():
                             self._unsent_dropped[reason] = self._unsent_dropped.get(reason, 0) + n
@@ -301,7 +323,8 @@ class RedisLedger:
                     with self._lock:
                         self._held, self._held_n = [], 0
                     return True
-            with self._lock:  # kept whole (chunk ids and all), so a late success is not counted twice
+            # Kept whole (chunk ids and all), so a late success is not counted twice.
+            with self._lock:
                 self._held, self._held_n = calls, sum(c[3] for c in calls)
             return False
 
@@ -320,18 +343,20 @@ class RedisLedger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- reports ------------------------------------------------------------------------------------
+    # --- reports ----------------------------------------------------------------------------------
 
     def report(self, now: float) -> Report:
         """The figures of every replica, read from Redis after flushing this one's buffer.
 
-        Raises :class:`LedgerUnavailable` if Redis cannot be read (:meth:`local_report` still answers).
+        Raises :class:`LedgerUnavailable` if Redis cannot be read (:meth:`local_report` still
+        answers).
         """
         self.flush()
         return read_report(self.reader, now, prefix=self.space.prefix, policy=self.policy)
 
     def local_report(self, now: float) -> Report:
-        """This replica's own figures, with what it dropped (also those Redis has not heard of yet)."""
+        """This replica's own figures, with what it dropped (also those Redis has not heard of
+        yet)."""
         return self.local.report(now)
 
     @property
@@ -342,8 +367,9 @@ class RedisLedger:
 
 def read_report(client: redis.Redis, now: float, *, prefix: str = "askonce",
                 policy: LedgerPolicy | None = None) -> Report:
-    """The shared figures under ``prefix`` at wall-clock ``now``. Without ``policy``, the one the replicas
-    published (window and bounds); raises :class:`LedgerUnavailable` if Redis cannot be read."""
+    """The shared figures under ``prefix`` at wall-clock ``now``. Without ``policy``, the one the
+    replicas published (window and bounds); raises :class:`LedgerUnavailable` if Redis cannot be
+    read."""
     try:
         return lr.read(client, now, prefix, policy)
     except LookupError:

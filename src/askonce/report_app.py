@@ -1,4 +1,4 @@
-"""A tiny pure-ASGI app that publishes a ledger: ``report.json`` and a self-contained HTML dashboard.
+"""A tiny pure-ASGI app that publishes a ledger: ``report.json`` and a self-contained dashboard.
 
 ::
 
@@ -9,9 +9,9 @@
 * ``GET {prefix}/report.json`` - ``Report.to_dict()`` of ``ledger.report(time.time())`` (503 with
   ``{"error": ...}`` if the report cannot be had, e.g. a :class:`RedisLedger` whose Redis is away);
 * ``GET {prefix}/`` - a dashboard that polls ``report.json`` every ``poll`` seconds and draws, per
-  operation, amplification and coverage over time (inline SVG; no script or style from anywhere else,
-  for machines without internet access). It keeps the windows it has seen while the page is open, so
-  the history grows beyond what the ledger keeps.
+  operation, amplification and coverage over time (inline SVG; no script or style from anywhere
+  else, for machines without internet access). It keeps the windows it has seen while the page is
+  open, so the history grows beyond what the ledger keeps.
 
 The report is computed in a worker thread (``asyncio.to_thread``): a Redis-backed report does I/O.
 Non-HTTP scopes and other paths go to ``app`` (without one: 404, and lifespan is acknowledged).
@@ -46,7 +46,8 @@ class ReportApp:
             raise ValueError("ledger must have a report(now) method (MemoryLedger, RedisLedger)")
         if (not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/")
                 or any(c in prefix for c in "\"'<>\\ ")):
-            raise ValueError(f"prefix must look like '/askonce' (leading slash, no trailing one), got {prefix!r}")
+            raise ValueError("prefix must look like '/askonce' (leading slash, no trailing one), "
+                             f"got {prefix!r}")
         if not is_real(poll) or not 0.1 <= poll <= 3600:
             raise ValueError(f"poll must be within 0.1..3600 seconds, got {poll!r}")
         if not callable(clock):
@@ -81,11 +82,13 @@ class ReportApp:
     async def _serve(self, scope: Scope, path: str, send: Send) -> None:
         method = scope.get("method", "GET")
         if method not in ("GET", "HEAD"):
-            await _respond(send, 405, b"method not allowed\n", "text/plain; charset=utf-8", [(b"allow", b"GET, HEAD")])
+            await _respond(send, 405, b"method not allowed\n", "text/plain; charset=utf-8",
+                           [(b"allow", b"GET, HEAD")])
             return
         head = method == "HEAD"
         if path == self.prefix:
-            await _respond(send, 308, b"", "text/plain; charset=utf-8", [(b"location", f"{path}/".encode())])
+            await _respond(send, 308, b"", "text/plain; charset=utf-8",
+                           [(b"location", f"{path}/".encode())])
         elif path.endswith("/"):
             await _respond(send, 200, self._page, "text/html; charset=utf-8", head=head)
         else:
@@ -98,7 +101,7 @@ class ReportApp:
         try:
             report = await asyncio.to_thread(self.ledger.report, self.clock())
             body = json.dumps(report.to_dict(), allow_nan=False, separators=(",", ":"))
-        except Exception as exc:  # a report that cannot be had is an answer, not a crash of the server
+        except Exception as exc:  # a report that cannot be had is an answer, not a server crash
             context.count("report_app.error")
             return 503, json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return 200, body.encode()
@@ -106,7 +109,8 @@ class ReportApp:
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str,
                    extra: list[tuple[bytes, bytes]] | None = None, *, head: bool = False) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+    headers = [(b"content-type", content_type.encode()),
+               (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store"), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if head else body})
@@ -121,20 +125,24 @@ DASHBOARD = """<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
 h1{font-size:1.3em;margin:0 0 .2em} #status{color:#555;margin-bottom:1em} #status.bad{color:#b00}
 table{border-collapse:collapse;margin-bottom:1.5em;background:#fff}
-th,td{border:1px solid #ddd;padding:.3em .6em;text-align:right} th:first-child,td:first-child{text-align:left}
+th,td{border:1px solid #ddd;padding:.3em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left}
 td.warn{background:#fde8e8} .cards{display:flex;flex-wrap:wrap;gap:1em}
-.card{background:#fff;border:1px solid #ddd;padding:.6em;width:760px} .card h2{font-size:1em;margin:0 0 .4em}
+.card{background:#fff;border:1px solid #ddd;padding:.6em;width:760px}
+.card h2{font-size:1em;margin:0 0 .4em}
 svg{background:#fff} .axis{stroke:#999;stroke-width:1} .ref{stroke:#2a2;stroke-dasharray:4 3}
 .amp{fill:none;stroke:#c33;stroke-width:2} .cov{fill:none;stroke:#36c;stroke-width:2}
 text{font-size:11px;fill:#555}
 </style></head><body>
 <h1>askonce ledger</h1>
 <div id="status">loading&hellip;</div>
-<p>Amplification = attributable arrivals per distinct question key (1.00 when every layer is honest);
-coverage = share of arrivals that carry an originator's key. Latest window per operation:</p>
-<table id="ops"><thead><tr><th>operation</th><th>window start (UTC)</th><th>arrivals</th><th>amplification</th>
-<th>coverage</th><th>distinct keys</th><th>p99 / max per key</th><th>undeclared retries</th><th>refused</th>
-<th>re-minted by</th><th>retries by</th></tr></thead><tbody></tbody></table>
+<p>Amplification = attributable arrivals per distinct question key (1.00 when every layer is
+honest); coverage = share of arrivals that carry an originator's key. Latest window per
+operation:</p>
+<table id="ops"><thead><tr><th>operation</th><th>window start (UTC)</th><th>arrivals</th>
+<th>amplification</th><th>coverage</th><th>distinct keys</th><th>p99 / max per key</th>
+<th>undeclared retries</th><th>refused</th><th>re-minted by</th><th>retries by</th></tr></thead>
+<tbody></tbody></table>
 <div class="cards" id="charts"></div>
 <script>
 "use strict";
@@ -144,7 +152,8 @@ function fmt(x, d) { return (x === null || x === undefined) ? "\\u2013" : x.toFi
 function pct(x) { return (x === null || x === undefined) ? "\\u2013" : (100 * x).toFixed(1) + "%"; }
 function names(m) { return Object.entries(m).map(([k, v]) => k + " " + v).join(", ") || "\\u2013"; }
 function el(tag, attrs, text) {
-  const e = tag.startsWith("svg:") ? document.createElementNS(NS, tag.slice(4)) : document.createElement(tag);
+  const e = tag.startsWith("svg:") ? document.createElementNS(NS, tag.slice(4))
+                                   : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
   if (text !== undefined) e.textContent = text;
   return e;
@@ -152,11 +161,12 @@ function el(tag, attrs, text) {
 function chart(op, points, key, cls, top, ref, label) {
   const W = 360, H = 130, L = 44, R = 8, T = 16, B = 22;
   const vals = points.filter(p => p[key] !== null);
-  const svg = el("svg:svg", {width: W, height: H, class: "chart", "data-operation": op, "data-metric": key,
-                             "data-points": vals.length});
+  const svg = el("svg:svg", {width: W, height: H, class: "chart", "data-operation": op,
+                             "data-metric": key, "data-points": vals.length});
   const hi = key === "cov" ? 1 : Math.max(top, ...vals.map(p => p[key] * 1.1));
   const hhmm = t => new Date(t * 1000).toISOString().slice(11, 16);
-  const t0 = points.length ? points[0].start : 0, t1 = points.length ? points[points.length - 1].start : 1;
+  const t0 = points.length ? points[0].start : 0,
+        t1 = points.length ? points[points.length - 1].start : 1;
   const x = t => L + (W - L - R) * (t1 > t0 ? (t - t0) / (t1 - t0) : 0.5);
   const y = v => T + (H - T - B) * (1 - v / hi);
   svg.append(el("svg:line", {class: "axis", x1: L, y1: y(0), x2: W - R, y2: y(0)}),
@@ -170,7 +180,8 @@ function chart(op, points, key, cls, top, ref, label) {
     if (t1 > t0) svg.append(el("svg:text", {x: W - R - 30, y: H - 6}, hhmm(t1)));
   }
   if (vals.length) {
-    svg.append(el("svg:polyline", {class: cls, points: vals.map(p => x(p.start) + "," + y(p[key])).join(" ")}));
+    svg.append(el("svg:polyline",
+                  {class: cls, points: vals.map(p => x(p.start) + "," + y(p[key])).join(" ")}));
     const last = vals[vals.length - 1];
     svg.append(el("svg:circle", {cx: x(last.start), cy: y(last[key]), r: 3, fill: "#333"}));
     svg.append(el("svg:text", {x: W - R - 60, y: T - 4},
@@ -191,14 +202,17 @@ function render(r) {
   body.replaceChildren();
   for (const [op, o] of latest) {
     const tr = el("tr", {"data-operation": op, "data-amplification": fmt(o.amplification, 2),
-                         "data-coverage": fmt(o.coverage, 3), "data-undeclared": o.undeclared_retries});
-    const cells = [op, new Date(o.start * 1000).toISOString().slice(0, 19).replace("T", " "), o.arrivals,
-                   fmt(o.amplification, 2) + (o.approximate ? " ~" : ""), pct(o.coverage), o.distinct_keys,
-                   (o.per_key.p99 ?? "\\u2013") + " / " + (o.per_key.max ?? "\\u2013"), o.undeclared_retries,
-                   o.refused, names(o.reminted_by), names(o.retries_by)];
+                         "data-coverage": fmt(o.coverage, 3),
+                         "data-undeclared": o.undeclared_retries});
+    const cells = [op, new Date(o.start * 1000).toISOString().slice(0, 19).replace("T", " "),
+                   o.arrivals, fmt(o.amplification, 2) + (o.approximate ? " ~" : ""),
+                   pct(o.coverage), o.distinct_keys,
+                   (o.per_key.p99 ?? "\\u2013") + " / " + (o.per_key.max ?? "\\u2013"),
+                   o.undeclared_retries, o.refused, names(o.reminted_by), names(o.retries_by)];
     cells.forEach((c, i) => {
       const td = el("td", {}, String(c));
-      if ((i === 3 && o.amplification > 1.5) || (i === 4 && o.coverage !== null && o.coverage < 0.9) ||
+      if ((i === 3 && o.amplification > 1.5) ||
+          (i === 4 && o.coverage !== null && o.coverage < 0.9) ||
           (i === 7 && o.undeclared_retries > 0)) td.className = "warn";
       tr.append(td);
     });
@@ -215,9 +229,12 @@ function render(r) {
     charts.append(card);
   }
   const dropped = Object.values(r.dropped).reduce((a, b) => a + b, 0);
-  status("updated " + new Date(r.generated_at * 1000).toISOString().slice(11, 19) + " UTC; window " + r.window +
-         " s; " + latest.size + " operations" + (r.approximate ? "; some figures approximate" : "") +
-         (dropped ? "; " + dropped + " arrivals dropped before counting (" + names(r.dropped) + ")" : ""), dropped > 0);
+  status("updated " + new Date(r.generated_at * 1000).toISOString().slice(11, 19) +
+         " UTC; window " + r.window + " s; " + latest.size + " operations" +
+         (r.approximate ? "; some figures approximate" : "") +
+         (dropped ? "; " + dropped + " arrivals dropped before counting (" + names(r.dropped) +
+                    ")" : ""),
+         dropped > 0);
 }
 function status(text, bad) {
   const s = document.getElementById("status");

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from redis_server import RedisServer
 
 import askonce
 from askonce import BreakerPolicy, BucketPolicy, CircuitOpen, RetryThrottled
 from askonce.client import REFUSED_OUTCOME, Caller, ClientPolicy, Outcome
 from askonce.stores.aredis import AsyncRedisStore
 from askonce.stores.redis import RedisStore
+from redis_server import RedisServer
 
 TARGET = "dep"
 OPEN = BreakerPolicy(window_size=1, minimum_calls=1, open_for=3600.0)

@@ -1,7 +1,7 @@
 """The pure core of askonce: state machines and codecs with no I/O, no clock reads and no sleeping.
 
-Everything here takes time (``now``, monotonic seconds) and randomness as inputs, so the sync and async
-shells, the integrations and the simulator all drive the very same objects.
+Everything here takes time (``now``, monotonic seconds) and randomness as inputs, so the sync and
+async shells, the integrations and the simulator all drive the very same objects.
 """
 
 from typing import TypeGuard
@@ -14,6 +14,6 @@ def is_int(value: object) -> TypeGuard[int]:
 
 
 def is_real(value: object) -> TypeGuard[int | float]:
-    """An option that must be a number (seconds, a rate): an ``int`` or a ``float``, never a ``bool``.
-    NaN passes here; the range check that follows refuses it."""
+    """An option that must be a number (seconds, a rate): an ``int`` or a ``float``, never a
+    ``bool``. NaN passes here; the range check that follows refuses it."""
     return isinstance(value, int | float) and not isinstance(value, bool)

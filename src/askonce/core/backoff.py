@@ -1,8 +1,9 @@
 """Capped exponential backoff with full jitter.
 
 Full jitter (a uniform draw between zero and the capped exponential) spreads retries of many clients
-that failed together; AWS's study found it needs the fewest calls to finish contended work. The random
-draw is an input, so the same policy runs on a virtual clock with seeded randomness in the simulator.
+that failed together; AWS's study found it needs the fewest calls to finish contended work. The
+random draw is an input, so the same policy runs on a virtual clock with seeded randomness in the
+simulator.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from askonce.core import is_real
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """``delay(n, u) = u * min(cap, base * multiplier ** (n - 1))`` for the n-th retry, ``u`` in [0, 1)."""
+    """``delay(n, u) = u * min(cap, base * multiplier ** (n - 1))`` for the n-th retry,
+    ``u`` in [0, 1)."""
 
     base: float = 0.05
     cap: float = 2.0

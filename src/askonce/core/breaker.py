@@ -16,39 +16,43 @@ State diagram::
 
     force_open() / force_closed() jump from any state (reason "forced").
 
-CLOSED admits every call and judges a sliding window of outcomes: once it holds ``minimum_calls`` calls
-and failures/calls >= ``failure_rate`` (or slow/calls >= ``slow_call_rate``, if ``slow_call_duration`` is
-set), it opens. The window is either the last ``window_size`` calls (a ring of outcomes) or the last
-``window_size`` seconds (a ring of one-second buckets, rolled lazily from ``now``); both keep running
-totals and memory bounded by ``window_size``. A record costs O(1); rolling the time window costs one step
-per elapsed second, capped at O(1) once a whole window has elapsed (the totals are simply zeroed).
-A call counts as slow when ``duration >= slow_call_duration``, whether it succeeded or failed.
+CLOSED admits every call and judges a sliding window of outcomes: once it holds ``minimum_calls``
+calls and failures/calls >= ``failure_rate`` (or slow/calls >= ``slow_call_rate``, if
+``slow_call_duration`` is set), it opens. The window is either the last ``window_size`` calls (a
+ring of outcomes) or the last ``window_size`` seconds (a ring of one-second buckets, rolled lazily
+from ``now``); both keep running totals and memory bounded by ``window_size``. A record costs O(1);
+rolling the time window costs one step per elapsed second, capped at O(1) once a whole window has
+elapsed (the totals are simply zeroed). A call counts as slow when
+``duration >= slow_call_duration``, whether it succeeded or failed.
 
-OPEN admits nothing until ``open_for`` seconds have passed; the next ``allow``/``state_at``/``record``
-call then moves it to HALF_OPEN. HALF_OPEN admits at most ``half_open_probes`` probes; the first probe
-that fails (or is slow, when slow calls are judged) reopens the breaker, and when all of them have
-succeeded it closes. The window is reset on entering OPEN and on entering CLOSED, so a verdict never rests
-on outcomes from before the last change. Without tokens the breaker cannot tell a probe from a call admitted
-before it opened, so it guesses: outcomes recorded in OPEN are ignored, and so are outcomes recorded in
-HALF_OPEN while no probe is in flight.
+OPEN admits nothing until ``open_for`` seconds have passed; the next
+``allow``/``state_at``/``record`` call then moves it to HALF_OPEN. HALF_OPEN admits at most
+``half_open_probes`` probes; the first probe that fails (or is slow, when slow calls are judged)
+reopens the breaker, and when all of them have succeeded it closes. The window is reset on entering
+OPEN and on entering CLOSED, so a verdict never rests on outcomes from before the last change.
+Without tokens the breaker cannot tell a probe from a call admitted before it opened, so it guesses:
+outcomes recorded in OPEN are ignored, and so are outcomes recorded in HALF_OPEN while no probe is
+in flight.
 
-What counts as a failure is the caller's business; the breaker only sees ``success``. The shells call
-``record(success=False)`` for a do-not-retry reply whose reason is ``overloaded`` (the target asked us to
-back off, which is exactly what the breaker is for) and ``release()`` for the client's own 4xx: that call
-says nothing about the target's health, but it may hold a half-open probe slot that must be freed.
+What counts as a failure is the caller's business; the breaker only sees ``success``. The shells
+call ``record(success=False)`` for a do-not-retry reply whose reason is ``overloaded`` (the target
+asked us to back off, which is exactly what the breaker is for) and ``release()`` for the client's
+own 4xx: that call says nothing about the target's health, but it may hold a half-open probe slot
+that must be freed.
 
-Time is an input (monotonic seconds), never read here. A ``now`` earlier than one already seen is treated
-as the latest time seen, so racy callers or a mixed-up clock cannot reorder history or reopen the past;
-a non-finite ``now`` is a bug in the caller and raises ``ValueError``.
+Time is an input (monotonic seconds), never read here. A ``now`` earlier than one already seen is
+treated as the latest time seen, so racy callers or a mixed-up clock cannot reorder history or
+reopen the past; a non-finite ``now`` is a bug in the caller and raises ``ValueError``.
 The object holds no lock; the shells serialise access to it.
 
-Fast successes can be recorded in bulk: ``record_successes(now, n)`` is ``state_at(now)`` followed by
-``n`` times ``record(now, success=True)``, at O(1) for a time window and O(min(n, window_size)) byte
-operations (memset and count, no Python loop) for a count window. ``quiet_until`` says when a shell may
-defer successes: before that time (for a count window, for ever) the breaker is closed with enough calls
-and rates under the thresholds, so one more fast success can only lower the rates and cannot change the
-state. A shell that counts such successes without its lock and folds them in with ``record_successes``
-before its next locked operation behaves like one that recorded each (``stores.memory`` does).
+Fast successes can be recorded in bulk: ``record_successes(now, n)`` is ``state_at(now)`` followed
+by ``n`` times ``record(now, success=True)``, at O(1) for a time window and O(min(n, window_size))
+byte operations (memset and count, no Python loop) for a count window. ``quiet_until`` says when a
+shell may defer successes: before that time (for a count window, for ever) the breaker is closed
+with enough calls and rates under the thresholds, so one more fast success can only lower the rates
+and cannot change the state. A shell that counts such successes without its lock and folds them in
+with ``record_successes`` before its next locked operation behaves like one that recorded each
+(``stores.memory`` does).
 """
 
 from __future__ import annotations
@@ -78,25 +82,30 @@ class BreakerPolicy:
     minimum_calls: int = 20  # no verdict before the window holds this many calls
     failure_rate: float = 0.5  # open when failures/calls >= this
     slow_call_rate: float = 1.0  # open when slow/calls >= this (only if slow_call_duration is set)
-    slow_call_duration: float | None = None  # seconds; a call at least this slow is slow; None disables
+    # Seconds; a call at least this slow is slow; None disables.
+    slow_call_duration: float | None = None
     open_for: float = 2.0  # seconds in OPEN before probes are admitted (docs/results.md: why 2)
     half_open_probes: int = 3  # probes admitted in HALF_OPEN; all must succeed to close
 
     def __post_init__(self) -> None:
         if self.window not in ("count", "time"):
             raise ValueError(f"breaker window must be 'count' or 'time', got {self.window!r}")
-        # The window's memory is allocated up front, so an absurd size is refused rather than honoured.
+        # The window's memory is allocated up front, so an absurd size is refused, not honoured.
         limit = _MAX_COUNT_WINDOW if self.window == "count" else _MAX_TIME_WINDOW
         if not is_int(self.window_size) or not 1 <= self.window_size <= limit:
             raise ValueError(
-                f"breaker {self.window} window_size must be an int within 1..{limit}, got {self.window_size!r}"
+                f"breaker {self.window} window_size must be an int within 1..{limit}, "
+                f"got {self.window_size!r}"
             )
         if not is_int(self.minimum_calls) or self.minimum_calls < 1:
-            raise ValueError(f"breaker minimum_calls must be an int >= 1, got {self.minimum_calls!r}")
-        if self.window == "count" and self.minimum_calls > self.window_size:
-            # A count window never holds more than window_size calls, so the breaker could never open.
             raise ValueError(
-                f"breaker minimum_calls ({self.minimum_calls}) must not exceed a count window_size ({self.window_size})"
+                f"breaker minimum_calls must be an int >= 1, got {self.minimum_calls!r}"
+            )
+        if self.window == "count" and self.minimum_calls > self.window_size:
+            # A count window never holds more than window_size calls: the breaker could never open.
+            raise ValueError(
+                f"breaker minimum_calls ({self.minimum_calls}) must not exceed a count "
+                f"window_size ({self.window_size})"
             )
         for name in ("failure_rate", "slow_call_rate"):
             rate = getattr(self, name)
@@ -105,11 +114,15 @@ class BreakerPolicy:
                 raise ValueError(f"breaker {name} must be within (0, 1], got {rate!r}")
         duration = self.slow_call_duration
         if duration is not None and (not is_real(duration) or not 0 < duration < math.inf):
-            raise ValueError(f"breaker slow_call_duration must be None or finite > 0, got {duration!r}")
+            raise ValueError(
+                f"breaker slow_call_duration must be None or finite > 0, got {duration!r}"
+            )
         if not is_real(self.open_for) or not 0 < self.open_for < math.inf:
             raise ValueError(f"breaker open_for must be finite > 0 seconds, got {self.open_for!r}")
         if not is_int(self.half_open_probes) or self.half_open_probes < 1:
-            raise ValueError(f"breaker half_open_probes must be an int >= 1, got {self.half_open_probes!r}")
+            raise ValueError(
+                f"breaker half_open_probes must be an int >= 1, got {self.half_open_probes!r}"
+            )
 
 
 class State(enum.Enum):
@@ -118,8 +131,8 @@ class State(enum.Enum):
     HALF_OPEN = "half-open"
 
 
-# Module-level names: looking a member up on an Enum class costs ~0.1 us in CPython 3.11, which the
-# hot paths would pay several times per call.
+# Module-level names: looking a member up on an Enum class is slow, and the hot paths would do it
+# several times per call.
 _CLOSED: Final = State.CLOSED
 _OPEN: Final = State.OPEN
 _HALF_OPEN: Final = State.HALF_OPEN
@@ -129,8 +142,10 @@ _HALF_OPEN: Final = State.HALF_OPEN
 class Transition:
     old: State
     new: State
-    at: float  # when the change took effect (for open-elapsed: the deadline, not when it was noticed)
-    # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded or forced
+    # When the change took effect (for open-elapsed: the deadline, not when it was noticed).
+    at: float
+    # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded or
+    # forced
     reason: str
 
 
@@ -153,7 +168,8 @@ class Breaker:
     def __init__(self, policy: BreakerPolicy = BreakerPolicy()) -> None:
         self._policy = policy
         self._window: _Window = (
-            _CountWindow(policy.window_size) if policy.window == "count" else _TimeWindow(policy.window_size)
+            _CountWindow(policy.window_size) if policy.window == "count"
+            else _TimeWindow(policy.window_size)
         )
         self._state = _CLOSED
         self._now: float | None = None
@@ -177,9 +193,10 @@ class Breaker:
     def quiet_until(self) -> float:
         """Before this time a fast success cannot change the state; ``-inf`` if it might now.
 
-        Closed, at least ``minimum_calls`` in the window and both rates under their thresholds: one more
-        success only lowers the rates. A count window stays so for ever (``inf``, until another kind of
-        call); a time window until the current second ends, when outcomes may age out and raise a rate.
+        Closed, at least ``minimum_calls`` in the window and both rates under their thresholds: one
+        more success only lowers the rates. A count window stays so for ever (``inf``, until another
+        kind of call); a time window until the current second ends, when outcomes may age out and
+        raise a rate.
         """
         window, policy = self._window, self._policy
         calls = window.calls
@@ -188,7 +205,8 @@ class Breaker:
             or self._now is None
             or calls < policy.minimum_calls
             or window.failures / calls >= policy.failure_rate
-            or (policy.slow_call_duration is not None and window.slow / calls >= policy.slow_call_rate)
+            or (policy.slow_call_duration is not None
+                and window.slow / calls >= policy.slow_call_rate)
         ):
             return -math.inf
         return math.inf if policy.window == "count" else math.floor(self._now) + 1
@@ -226,16 +244,17 @@ class Breaker:
             if not success:
                 self._move(_OPEN, now, "probe-failed")
             elif slow:
-                # A slow probe is not health: closing on it would just reopen on slow-call-rate later.
+                # A slow probe is not health: closing on it would only reopen on slow-call-rate.
                 self._move(_OPEN, now, "probe-slow")
             else:
                 self._probes_succeeded += 1
                 if self._probes_succeeded >= policy.half_open_probes:
                     self._move(_CLOSED, now, "probes-succeeded")
-        # In OPEN the outcome is from a call admitted before opening; the window was reset on opening.
+        # In OPEN the outcome is from a call admitted before opening; the window was reset then.
 
     def record_successes(self, now: float, n: int) -> None:
-        """``state_at(now)``, then ``n`` times ``record(now, success=True)``, without a loop over ``n``."""
+        """``state_at(now)``, then ``n`` times ``record(now, success=True)``, without a loop over
+        ``n``."""
         if not is_int(n) or n < 0:
             raise ValueError(f"breaker record_successes needs an int n >= 0, got {n!r}")
         now = self._tick(now)
@@ -244,7 +263,8 @@ class Breaker:
             if self._state is _CLOSED:
                 window = self._window
                 # Only the success that brings the window to minimum_calls (or the first, once it is
-                # there) can open the breaker: each later one at the same time only lowers the rates.
+                # there) can open the breaker: each later one at the same time only lowers the
+                # rates.
                 first = min(n, max(policy.minimum_calls - window.calls, 1))
                 window.add_successes(now, first)
                 self._judge(now)
@@ -310,8 +330,8 @@ class Breaker:
         if not math.isfinite(now):
             raise ValueError(f"breaker time must be finite seconds, got {now!r}")
         if self._now is not None and now < self._now:
-            # Racy callers in a shell can deliver times out of order; taking the latest keeps the window
-            # and the open period monotonic instead of crashing or reopening the past.
+            # Racy callers in a shell can deliver times out of order; taking the latest keeps the
+            # window and the open period monotonic instead of crashing or reopening the past.
             now = self._now
         self._now = now
         if self._state is _OPEN and self._opened_at is not None:
@@ -328,7 +348,8 @@ class Breaker:
             return
         if window.failures / window.calls >= policy.failure_rate:
             self._move(_OPEN, now, "failure-rate")
-        elif policy.slow_call_duration is not None and window.slow / window.calls >= policy.slow_call_rate:
+        elif (policy.slow_call_duration is not None
+              and window.slow / window.calls >= policy.slow_call_rate):
             self._move(_OPEN, now, "slow-call-rate")
 
     def _move(self, new: State, at: float, reason: str) -> None:
@@ -339,7 +360,8 @@ class Breaker:
         self._probes_admitted = self._probes_succeeded = 0
         if new is _OPEN:
             self._opened_at = at
-            # Only CLOSED feeds the window, so this one reset also leaves it empty when it closes again.
+            # Only CLOSED feeds the window, so this one reset also leaves it empty when it closes
+            # again.
             self._window.reset()
         elif new is _CLOSED:
             self._opened_at = None

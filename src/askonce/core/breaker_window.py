@@ -2,8 +2,8 @@
 
 A count window keeps one byte per call in a ring (the last ``size`` calls); a time window keeps one
 bucket of totals per second (the last ``size`` seconds), rolled lazily by ``now``. Both are O(1) per
-call and bounded in memory; both can add many fast successes at once (the lock-free path of the memory
-store's breaker handle folds them in that way).
+call and bounded in memory; both can add many fast successes at once (the lock-free path of the
+memory store's breaker handle folds them in that way).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class _CountWindow(_Window):
         ring = self._ring
         size, start, filled = len(ring), self._next, self._filled
         n = min(n, size)  # more successes than the window holds leave nothing but successes
-        # While the ring is not full, _next == _filled: the first size - filled slots written are empty,
-        # so the calls that leave are the last `evicted` slots of the written range.
+        # While the ring is not full, _next == _filled: the first size - filled slots written are
+        # empty, so the calls that leave are the last `evicted` slots of the written range.
         evicted = filled + n - size
         if evicted > 0 and (self.failures or self.slow):
             self._forget(start + n - evicted, evicted)
@@ -92,8 +92,8 @@ class _CountWindow(_Window):
                 self.slow -= ring.count(_SLOW, lo, hi) + both
 
     def reset(self) -> None:
-        # O(1): stale bytes are only read as evictions once the ring is full again, and by then every
-        # slot has been overwritten.
+        # O(1): stale bytes are only read as evictions once the ring is full again, and by then
+        # every slot has been overwritten.
         self.calls = self.failures = self.slow = 0
         self._next = 0
         self._filled = 0
@@ -111,7 +111,8 @@ class _TimeWindow(_Window):
         self._b_sec = [0] * size  # the absolute second a bucket holds
         self._b_gen = [-1] * size  # the reset generation it was written in; -1 = never written
         self._gen = 0
-        self._head: int | None = None  # the latest second rolled to; the window is (head - size, head]
+        # The latest second rolled to; the window is (head - size, head].
+        self._head: int | None = None
 
     def roll(self, now: float) -> None:
         self._roll_to(math.floor(now))
@@ -126,8 +127,8 @@ class _TimeWindow(_Window):
             size = self._size
             for s in range(head + 1, sec + 1):
                 i = s % size
-                # The bucket that shares s's slot ages out only if it really holds second s - size of
-                # this generation; anything older was already dropped by a reset or a long gap.
+                # The bucket that shares s's slot ages out only if it really holds second s - size
+                # of this generation; anything older was already dropped by a reset or a long gap.
                 if self._b_gen[i] == self._gen and self._b_sec[i] == s - size:
                     self.calls -= self._b_calls[i]
                     self.failures -= self._b_failures[i]

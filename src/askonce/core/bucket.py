@@ -1,12 +1,13 @@
 """A per-client retry token bucket: retries limited to a ratio of requests plus a small floor.
 
-This is the shape of gRPC's retry throttling and Finagle's ``RetryBudget``: every request a client makes
-to a target earns ``ratio`` of a retry token (so in a full outage at most ``ratio`` of the load is
-retries), and a small ``floor`` of retries per second is always allowed so that a quiet client can still
-retry its rare failures. Earned tokens are capped, so a long healthy period cannot bank a storm.
+This is the shape of gRPC's retry throttling and Finagle's ``RetryBudget``: every request a client
+makes to a target earns ``ratio`` of a retry token (so in a full outage at most ``ratio`` of the
+load is retries), and a small ``floor`` of retries per second is always allowed so that a quiet
+client can still retry its rare failures. Earned tokens are capped, so a long healthy period cannot
+bank a storm.
 
-The bucket is a pure state machine (time is an input). Deposits only count requests, so the shells can
-make them without a lock; withdrawals settle the count under the shell's lock.
+The bucket is a pure state machine (time is an input). Deposits only count requests, so the shells
+can make them without a lock; withdrawals settle the count under the shell's lock.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from askonce.core import is_real
 
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
-    # Retry tokens earned per request. 0.2 is Finagle's default: at 10 % transient failures every failure
-    # needs ~0.11 tokens per request, so a 0.1 ratio throttled legitimate retries in the simulator's E2
-    # (99.6 % success where 0.2 gives 99.94 % / 99.89 % at N = 1 / 3; docs/results.md).
+    # Retry tokens earned per request. 0.2 is Finagle's default: at 10 % transient failures every
+    # failure needs ~0.11 tokens per request, so a 0.1 ratio throttles legitimate retries
+    # (docs/results.md, E2).
     ratio: float = 0.2
     floor: float = 10.0  # retries per second always allowed, refilled continuously
     max_tokens: float = 100.0  # cap on earned tokens
@@ -65,7 +66,8 @@ class TokenBucket:
             self.earned = min(p.max_tokens, self.earned + new * p.ratio)
             self._settled = self.requests
         if now > self._updated:
-            self.floor_tokens = min(self._floor_cap(), self.floor_tokens + (now - self._updated) * p.floor)
+            self.floor_tokens = min(self._floor_cap(),
+                                    self.floor_tokens + (now - self._updated) * p.floor)
             self._updated = now
 
     def tokens(self, now: float) -> float:

@@ -1,75 +1,70 @@
-"""The target's ledger: counts arrivals per question and tells how much each question was amplified.
+"""The target's ledger: counts arrivals per question and tells how much each one was amplified.
 
 The model
 ---------
-A *question* is one user request, minted once with a unique key by its originator. Every layer forwards
-the key on every attempt, together with the *attempt path*: the hops ``(layer, attempt)`` it went
-through. Only the target sees every arrival, so only the target can count the true amplification.
+A *question* is one user request, minted once with a unique key by its originator. Every layer
+forwards the key on every attempt, together with the *attempt path*: the hops ``(layer, attempt)``
+it went through. Only the target sees every arrival, so only the target can count the true
+amplification.
 
 Each arrival is one of four kinds (:class:`Kind`):
 
 * ``ATTRIBUTABLE`` - it carries the key minted at the edge, so it can be tied to its question;
-* ``REMINTED`` - it carries a key that a middle layer (``origin``) minted because it received none or
-  dropped the one it had; retries above that layer are invisible, so the report names the layer;
+* ``REMINTED`` - it carries a key that a middle layer (``origin``) minted because it received none
+  or dropped the one it had; retries above that layer are invisible, so the report names the layer;
 * ``UNKEYED`` - no key at all;
 * ``MALFORMED`` - the shell could not parse what it was sent.
 
-A question is identified by ``(principal, key)``: keys are scoped per principal (tenant) so one tenant
-cannot have another tenant's question refused by sending its key. The per-key figures (distinct keys,
-the arrivals-per-key distribution, heavy keys, undeclared retries, the cap) cover keyed arrivals;
-distinct keys and the distribution count only attributable ones.
+A question is identified by ``(principal, key)``: keys are scoped per principal (tenant) so one
+tenant cannot have another tenant's question refused by sending its key. The per-key figures
+(distinct keys, the arrivals-per-key distribution, heavy keys, undeclared retries, the cap) cover
+keyed arrivals; distinct keys and the distribution count only attributable ones.
 
 Figures, per operation and window:
 
 * ``amplification`` = attributable arrivals / distinct attributable keys (also the mean of the
   per-key distribution); ``coverage`` = attributable arrivals / all arrivals.
-* ``retries_by[L]`` - arrivals whose path says layer ``L`` retried: the *last* hop of ``L`` in the path
-  has attempt > 1. Each layer counts at most once per arrival, so ``(("gw", 2), ("api", 3))`` is one
-  retry by ``gw`` and one by ``api``, and ``(("gw", 2), ("gw", 1))`` none by ``gw`` (its last call was a
-  first attempt: the earlier hop was an upstream instance of ``gw``).
+* ``retries_by[L]`` - arrivals whose path says layer ``L`` retried: the *last* hop of ``L`` in the
+  path has attempt > 1. Each layer counts at most once per arrival, so ``(("gw", 2), ("api", 3))``
+  is one retry by ``gw`` and one by ``api``, and ``(("gw", 2), ("gw", 1))`` none by ``gw`` (its last
+  call was a first attempt: the earlier hop was an upstream instance of ``gw``).
 * ``undeclared_retries`` - two arrivals with the same key *and the same path* mean that something
   between the last hop and the target retried without saying so. Counted as arrivals minus distinct
-  ``(key, path)`` pairs, over exact keys, tracking at most ``max_paths_per_key`` paths per key; arrivals
-  with a further new path are counted in ``paths_untracked`` and never as undeclared, so the figure can
-  be too low but never too high, and no layer is named for it.
+  ``(key, path)`` pairs, over exact keys, tracking at most ``max_paths_per_key`` paths per key;
+  arrivals with a further new path are counted in ``paths_untracked`` and never as undeclared, so
+  the figure can be too low but never too high, and no layer is named for it.
 
 Time and memory
 ---------------
-``now`` is an input (seconds); window ``i`` covers ``[i * window, (i + 1) * window)``. An arrival whose
-``now`` is before the current window (a slightly late clock) is counted in the current window. The
-current window and the closed windows at most ``windows_kept`` windows older are kept.
+``now`` is an input (seconds); window ``i`` covers ``[i * window, (i + 1) * window)``. An arrival
+whose ``now`` is before the current window (a slightly late clock) is counted in the current window.
+The current window and the closed windows at most ``windows_kept`` windows older are kept.
 
 Per operation and window at most ``max_exact_keys`` keys are counted exactly; later new keys go to a
 HyperLogLog (distinct count) and a Misra-Gries summary (heavy keys), see :mod:`askonce.core.sketch`,
-and the report says ``approximate=True``. Then ``p50``/``p99`` cover the exact keys only, and a heavy
-key found by the sketch is reported as a lower bound with its ``error``. Keys in the sketch are not
-capped (``cap_unenforced`` counts their arrivals): refusing on an estimate would refuse innocent keys.
-Heavy keys are listed only when seen more than once.
+and the report says ``approximate=True``. Then ``p50``/``p99`` cover the exact keys only, and a
+heavy key found by the sketch is reported as a lower bound with its ``error``. Keys in the sketch
+are not capped (``cap_unenforced`` counts their arrivals): refusing on an estimate would refuse
+innocent keys. Heavy keys are listed only when seen more than once.
 
-Memory is bounded by ``(windows_kept + 1) * (max_operations + 1)`` operation-windows, each holding at
-most ``max_exact_keys`` exact entries, at most ``max_paths_per_key`` path digests per entry, one 16 KiB
-HyperLogLog and ``max(256, 32 * heavy_keys)`` heavy-key counters. Each exact key costs one dict slot
-holding a shared 64-bit digest of its path (plus a small object once it arrives twice). Measured with
-``PYTHONPATH=src:tests python -c "import test_ledger as t; print(t.measure_bytes_per_key(100_000),
-t.measure_bytes_per_key(100_000, with_keys=False))"``: about 110 bytes per key including the
-24-character key string that the ledger keeps alive, about 40 for the ledger's own structures (20 to
-40, with dict growth steps). Operation names beyond ``max_operations`` fold into ``"~other"``; layer,
-origin and drop-reason names beyond ``max_names`` fold into ``"~other"`` too. Paths are remembered by
-digest through a cache of at most 4096 paths.
+Memory is bounded by ``(windows_kept + 1) * (max_operations + 1)`` operation-windows, each holding
+at most ``max_exact_keys`` exact entries, at most ``max_paths_per_key`` path digests per entry, one
+16 KiB HyperLogLog and ``max(256, 32 * heavy_keys)`` heavy-key counters. Each exact key costs one
+dict slot holding a shared 64-bit digest of its path (plus a small object once it arrives twice);
+the measured bytes per key are in ``docs/ledger.md`` ("Figures"). Operation names beyond
+``max_operations`` fold into ``"~other"``; layer, origin and drop-reason names beyond ``max_names``
+fold into ``"~other"`` too. Paths are remembered by digest through a cache of at most 4096 paths.
 
-Speed: for an attributable arrival of a new key, ``record`` is a handful of dict look-ups and counter
-increments and makes no tuples or other objects per call. Measured at about 2.5 million calls per
-second on one core (0.4 us each; a repeated key with a retry in its path: about 1 us) with
-``PYTHONPATH=src python -m timeit -n 1 -r 5 -s "from askonce.core.ledger import Ledger; L = Ledger();
-r = L.record; p = (('edge', 1), ('gw', 1)); ks = [f'k{i}' for i in range(10000)]"
-"for k in ks: r(1.0, 'get', key=k, edge=True, path=p)"`` (10,000 calls per loop).
+Speed: for an attributable arrival of a new key, ``record`` is a handful of dict look-ups and
+counter increments and makes no tuples or other objects per call (throughput: ``docs/ledger.md``,
+"Figures").
 
 Merging
 -------
 :meth:`Ledger.merge` folds another ledger into this one window by window (windows must share a time
-base, e.g. wall-clock seconds). Exact counts merge exactly: as long as no bound above is reached, two
-replicas merged report exactly what one ledger fed all arrivals reports - except refusals, which each
-replica decided on its own counts. Sketches merge as sketches.
+base, e.g. wall-clock seconds). Exact counts merge exactly: as long as no bound above is reached,
+two replicas merged report exactly what one ledger fed all arrivals reports - except refusals, which
+each replica decided on its own counts. Sketches merge as sketches.
 
 The ledger is not thread-safe; the shells hold a lock around it.
 """
@@ -85,7 +80,8 @@ from askonce.core.ledger_state import OTHER as OTHER
 from askonce.core.ledger_state import Entry, OperationState, Table, Window, bump, combine, summarize
 from askonce.core.sketch import digest64
 
-__all__ = ["HeavyKey", "Kind", "Ledger", "LedgerPolicy", "OperationReport", "PerKey", "Report", "Totals"]
+__all__ = ["HeavyKey", "Kind", "Ledger", "LedgerPolicy", "OperationReport", "PerKey", "Report",
+           "Totals"]
 
 UNKNOWN_ORIGIN = "~unknown"
 _PATH_CACHE_SIZE = 4096
@@ -112,18 +108,22 @@ class LedgerPolicy:
     max_operations: int = 256  # distinct operation names per window; beyond: folded into "~other"
     cap: int | None = None  # max arrivals per (principal, key) per operation per window; None: off
     max_paths_per_key: int = 8  # distinct paths remembered per key for undeclared-retry detection
-    max_names: int = 64  # layer / origin / drop-reason names per counter; beyond: folded into "~other"
+    # Layer / origin / drop-reason names per counter; beyond: folded into "~other".
+    max_names: int = 64
 
     def __post_init__(self) -> None:
         if not is_real(self.window):
             raise ValueError(f"ledger window must be a number of seconds, got {self.window!r}")
-        # Far below a millisecond a time divided by the window leaves the float range; far beyond a year a
-        # Redis TTL of windows_kept + 2 windows is no valid expiry. Either is a typo, not a policy.
+        # Far below a millisecond a time divided by the window leaves the float range; far beyond
+        # a year a Redis TTL of windows_kept + 2 windows is no valid expiry. Either is a typo.
         if not MIN_WINDOW <= self.window <= MAX_WINDOW:
-            raise ValueError(f"ledger window must be within {MIN_WINDOW}..{MAX_WINDOW:.0f} s, got {self.window!r}")
+            raise ValueError(f"ledger window must be within {MIN_WINDOW}..{MAX_WINDOW:.0f} s, "
+                             f"got {self.window!r}")
         _count_field("windows_kept", self.windows_kept, 0)
-        if self.windows_kept > MAX_WINDOWS_KEPT:  # a report reads every kept window (from Redis: one by one)
-            raise ValueError(f"ledger windows_kept must be at most {MAX_WINDOWS_KEPT}, got {self.windows_kept!r}")
+        # A report reads every kept window (from Redis: one by one).
+        if self.windows_kept > MAX_WINDOWS_KEPT:
+            raise ValueError(f"ledger windows_kept must be at most {MAX_WINDOWS_KEPT}, "
+                             f"got {self.windows_kept!r}")
         _count_field("max_exact_keys", self.max_exact_keys, 0)
         _count_field("heavy_keys", self.heavy_keys, 0)
         _count_field("max_operations", self.max_operations, 1)
@@ -134,11 +134,12 @@ class LedgerPolicy:
 
 
 def window_index(now: float, window: float) -> int:
-    """The index of the window holding ``now``; ``ValueError`` for a time that is not finite or so far from
-    zero that ``now / window`` is not either."""
+    """The index of the window holding ``now``; ``ValueError`` for a time that is not finite or so
+    far from zero that ``now / window`` is not either."""
     index = now / window
     if not math.isfinite(index):
-        raise ValueError(f"ledger time must be a finite number of seconds (within range of the window), got {now!r}")
+        raise ValueError("ledger time must be a finite number of seconds (within range of the "
+                         f"window), got {now!r}")
     return math.floor(index)
 
 
@@ -148,8 +149,8 @@ def window_index(now: float, window: float) -> int:
 class Ledger:
     """Counts and classifies arrivals at the target; see the module docstring."""
 
-    __slots__ = ("_cap", "_closed", "_current", "_dropped", "_end", "_heavy_k", "_max_exact", "_max_paths",
-                 "_names", "_ops", "_paths", "policy")  # fmt: skip
+    __slots__ = ("_cap", "_closed", "_current", "_dropped", "_end", "_heavy_k", "_max_exact",
+                 "_max_paths", "_names", "_ops", "_paths", "policy")  # fmt: skip
 
     def __init__(self, policy: LedgerPolicy = LedgerPolicy()) -> None:
         self.policy = policy
@@ -158,14 +159,15 @@ class Ledger:
         self._max_exact = policy.max_exact_keys
         self._max_paths = policy.max_paths_per_key
         self._names = policy.max_names
-        # Misra-Gries undercounts by at most n / (k + 1) for n spilled arrivals; 256 counters (10 KiB or
-        # so, less than the HyperLogLog beside it) keep that under half a percent of the spill.
+        # Misra-Gries undercounts by at most n / (k + 1) for n spilled arrivals; 256 counters (less
+        # memory than the HyperLogLog beside it) keep that under half a percent of the spill.
         self._heavy_k = max(256, 32 * policy.heavy_keys)
         self._current: Window | None = None
         self._closed: list[Window] = []  # oldest first
         self._ops: dict[str, OperationState] = {}
         self._end = -math.inf  # the first record() opens a window
-        self._paths: dict[Path, tuple[int, tuple[str, ...]]] = {}  # path -> (digest, layers that retried)
+        # path -> (digest, layers that retried)
+        self._paths: dict[Path, tuple[int, tuple[str, ...]]] = {}
         self._dropped: dict[str, int] = {}
 
     def record(
@@ -180,8 +182,9 @@ class Ledger:
         principal: str = "",
         malformed: bool = False,
     ) -> bool:
-        """Classify and count one arrival; return False if it is over the cap (it is counted anyway)."""
-        # Written for the attributable arrival of a new key: no allocation, and rare cases branch out.
+        """Classify and count one arrival; return False if it is over the cap (it is counted
+        anyway)."""
+        # Written for the attributable arrival of a new key: no allocation; rare cases branch out.
         if not now < self._end:  # `not <` also sends NaN to _roll, which rejects it
             self._roll(now)
         op = self._ops.get(operation)
@@ -219,7 +222,8 @@ class Ledger:
                 return True
         return self._first(op, table, edge, principal, key, digest)
 
-    def _first(self, op: OperationState, table: Table, edge: bool, principal: str, key: str, digest: int) -> bool:
+    def _first(self, op: OperationState, table: Table, edge: bool, principal: str, key: str,
+               digest: int) -> bool:
         if op.exact < self._max_exact:
             table[principal] = {key: digest}
             op.exact += 1
@@ -229,7 +233,8 @@ class Ledger:
             op.cap_unenforced += 1
         return True
 
-    def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry, digest: int) -> bool:
+    def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry,
+               digest: int) -> bool:
         if isinstance(entry, int):
             seen = combine(entry, digest, self._max_paths)
             keys[key] = seen
@@ -262,7 +267,8 @@ class Ledger:
         for layer, attempt in path:
             last[layer] = attempt
             parts += (layer, str(attempt))
-        retried = tuple(layer for layer, attempt in last.items() if isinstance(attempt, int) and attempt > 1)
+        retried = tuple(layer for layer, attempt in last.items()
+                        if isinstance(attempt, int) and attempt > 1)
         info = (digest64(*parts, person=b"askonce-path"), retried)
         if len(path) <= _PATH_CACHE_MAX_HOPS:
             if len(self._paths) >= _PATH_CACHE_SIZE:
@@ -275,7 +281,8 @@ class Ledger:
         current = self._current
         if current is not None:
             if index <= current.index:
-                return  # late clock, or float rounding at a window edge: count in the current window
+                # Late clock, or float rounding at a window edge: count in the current window.
+                return
             if current.ops:
                 self._closed.append(current)
         self._install(Window(index))
@@ -288,7 +295,8 @@ class Ledger:
         self._end = (current.index + 1) * self.policy.window
 
     def note_dropped(self, n: int, reason: str) -> None:
-        """Count ``n`` arrivals a shell lost before they reached :meth:`record` (shown in every report)."""
+        """Count ``n`` arrivals a shell lost before they reached :meth:`record` (shown in every
+        report)."""
         _count_field("dropped count", n, 0)
         if n:
             bump(self._dropped, reason, self._names, n)
@@ -304,7 +312,8 @@ class Ledger:
             if w.summary is None:
                 start = w.index * window
                 w.summary = tuple(
-                    summarize(w.ops[name], name, start, start + window, False, heavy_n) for name in sorted(w.ops)
+                    summarize(w.ops[name], name, start, start + window, False, heavy_n)
+                    for name in sorted(w.ops)
                 )
             ops.extend(w.summary)
         current = self._current
@@ -314,10 +323,12 @@ class Ledger:
                 summarize(current.ops[name], name, start, start + window, True, heavy_n)
                 for name in sorted(current.ops)
             )
-        return Report(generated_at=now, window=window, operations=tuple(ops), dropped=dict(self._dropped))
+        return Report(generated_at=now, window=window, operations=tuple(ops),
+                      dropped=dict(self._dropped))
 
     def merge(self, other: Ledger) -> None:
-        """Add ``other``'s counts (another replica's) into this ledger; ``other`` is left unchanged."""
+        """Add ``other``'s counts (another replica's) into this ledger; ``other`` is left
+        unchanged."""
         if other is self:
             raise ValueError("cannot merge a ledger into itself")
         if other.policy != self.policy:
@@ -328,7 +339,8 @@ class Ledger:
             if mine is None:
                 mine = windows[theirs.index] = Window(theirs.index)
             mine.summary = None
-            saved, self._ops = self._ops, mine.ops  # _operation() folds names into the ops it is given
+            # _operation() folds names into the ops it is given.
+            saved, self._ops = self._ops, mine.ops
             try:
                 for name, op in theirs.ops.items():
                     target = mine.ops.get(name)

@@ -1,8 +1,8 @@
 """What a target's ledger reports: per-operation arrivals, amplification, coverage, heavy keys.
 
 Plain frozen values (:class:`Report`, :class:`OperationReport`, :class:`Totals`, :class:`PerKey`,
-:class:`HeavyKey`), made by :mod:`askonce.core.ledger` and read by the report endpoint, Prometheus and
-the audit tool. See :mod:`askonce.core.ledger` for what the counts mean.
+:class:`HeavyKey`), made by :mod:`askonce.core.ledger` and read by the report endpoint, Prometheus
+and the audit tool. See :mod:`askonce.core.ledger` for what the counts mean.
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ class HeavyKey:
     error: int = 0  # 0 for a key counted exactly; the sketch's bound for one found by the sketch
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "principal": self.principal, "arrivals": self.arrivals, "error": self.error}
+        return {"key": self.key, "principal": self.principal, "arrivals": self.arrivals,
+                "error": self.error}
 
 
 def _plain(report: Any) -> dict[str, Any]:
-    """A report value's fields as JSON-ready data, in field order: kinds by name, nested values as dicts."""
+    """A report value's fields as JSON-ready data, in field order: kinds by name, nested values
+    as dicts."""
     out: dict[str, Any] = {}
     for f in fields(report):
         value = getattr(report, f.name)
@@ -97,8 +99,9 @@ class OperationReport:
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    """Additive figures summed over the operations and windows of a report. ``distinct_keys`` is the
-    sum of per-operation, per-window counts: a key seen by two operations or windows counts twice."""
+    """Additive figures summed over the operations and windows of a report. ``distinct_keys`` is
+    the sum of per-operation, per-window counts: a key seen by two operations or windows counts
+    twice."""
 
     arrivals: int
     attributable: int
@@ -124,14 +127,16 @@ class Report:
     generated_at: float
     window: float
     operations: tuple[OperationReport, ...]  # ordered by window start, then operation name
-    dropped: Mapping[str, int]  # arrivals the shells lost before counting, by reason, since creation
+    # Arrivals the shells lost before counting, by reason, since creation.
+    dropped: Mapping[str, int]
 
     @property
     def approximate(self) -> bool:
         return any(o.approximate for o in self.operations)
 
     def find(self, operation: str, start: float | None = None) -> OperationReport | None:
-        """The operation's figures for the window beginning at ``start`` (default: its latest window)."""
+        """The operation's figures for the window beginning at ``start`` (default: its latest
+        window)."""
         found = None
         for o in self.operations:
             if o.operation == operation and (start is None or o.start == start):

@@ -30,7 +30,8 @@ def bump(counts: dict[str, int], name: str, limit: int, n: int = 1) -> None:
 
 
 class Seen:
-    """A key that arrived more than once. A key seen once is stored as just its path digest (an int)."""
+    """A key that arrived more than once. A key seen once is stored as just its path digest
+    (an int)."""
 
     __slots__ = ("n", "paths", "untracked")
 
@@ -103,10 +104,12 @@ class OperationState:
                      "cap_unenforced"):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.overflowed = self.overflowed or other.overflowed
-        for mine, theirs in ((self.reminted_by, other.reminted_by), (self.retries_by, other.retries_by)):
+        for mine, theirs in ((self.reminted_by, other.reminted_by),
+                             (self.retries_by, other.retries_by)):
             for name, n in theirs.items():
                 bump(mine, name, policy.max_names, n)
-        for edge, table, source in ((True, self.attr, other.attr), (False, self.remint, other.remint)):
+        for edge, table, source in ((True, self.attr, other.attr),
+                                    (False, self.remint, other.remint)):
             for principal, keys in source.items():
                 for key, entry in keys.items():
                     mine_keys = table.get(principal)
@@ -116,7 +119,8 @@ class OperationState:
                         mine_keys[key] = combine(have, entry, policy.max_paths_per_key)
                     elif self.exact < policy.max_exact_keys:
                         table.setdefault(principal, {})[key] = (
-                            entry if isinstance(entry, int) else Seen(entry.n, entry.paths, entry.untracked)
+                            entry if isinstance(entry, int)
+                            else Seen(entry.n, entry.paths, entry.untracked)
                         )
                         self.exact += 1
                     else:
@@ -138,7 +142,8 @@ class Window:
         self.summary: tuple[OperationReport, ...] | None = None  # cached once the window is closed
 
 
-def summarize(op: OperationState, name: str, start: float, end: float, current: bool, heavy_n: int) -> OperationReport:
+def summarize(op: OperationState, name: str, start: float, end: float, current: bool,
+              heavy_n: int) -> OperationReport:
     counts: list[int] = []
     heavy_exact: list[tuple[int, str, str]] = []
     for principal, keys in op.attr.items():
@@ -154,7 +159,8 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
                 if not isinstance(e, int):
                     undeclared += e.n - len(e.paths) - e.untracked
                     untracked += e.untracked
-    heavy: dict[tuple[str, str], int] = {(p, k): -neg for neg, p, k in heapq.nsmallest(heavy_n, heavy_exact)}
+    heavy: dict[tuple[str, str], int] = {(p, k): -neg
+                                         for neg, p, k in heapq.nsmallest(heavy_n, heavy_exact)}
     distinct = len(counts)
     error = 0
     sketched: dict[tuple[str, str], int] = {}
@@ -181,7 +187,8 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
         kinds={Kind.ATTRIBUTABLE: op.attributable, Kind.REMINTED: op.reminted,
                Kind.UNKEYED: op.unkeyed, Kind.MALFORMED: op.malformed},
         per_key=per_key,
-        heavy=tuple(HeavyKey(k, -neg, p, error if (p, k) in sketched else 0) for neg, p, k in ranked),
+        heavy=tuple(HeavyKey(k, -neg, p, error if (p, k) in sketched else 0)
+                    for neg, p, k in ranked),
         reminted_by=dict(op.reminted_by), retries_by=dict(op.retries_by),
         undeclared_retries=undeclared, paths_untracked=untracked, refused=op.refused,
         cap_unenforced=op.cap_unenforced, approximate=op.overflowed,

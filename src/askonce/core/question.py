@@ -2,14 +2,16 @@
 
 Three objects, from the outside in:
 
-* :class:`Question` is the immutable *value* a user sees (``askonce.current()``) and the wire carries:
-  key, who minted it, whether that was a declared originator ("edge"), the remaining budget, the
-  deadline and the attempt path. Snapshots are cheap to reason about and safe to hand around.
-* :class:`Tab` is the per-process *account* of one question: the part that must be shared, not copied.
-  A retry anywhere in the process spends from the same tab, so sibling calls of the same question see
-  the lowered budget at once. The budget only ever goes down (``spend`` and ``lower_to``).
-* A frame, ``(tab, path)``, is what the context variable binds: the tab plus the attempt path of the code
-  that runs now. Frames are plain tuples because one is made for every attempt on the hot path.
+* :class:`Question` is the immutable *value* a user sees (``askonce.current()``) and the wire
+  carries: key, who minted it, whether that was a declared originator ("edge"), the remaining
+  budget, the deadline and the attempt path. Snapshots are cheap to reason about and safe to hand
+  around.
+* :class:`Tab` is the per-process *account* of one question: the part that must be shared, not
+  copied. A retry anywhere in the process spends from the same tab, so sibling calls of the same
+  question see the lowered budget at once. The budget only ever goes down (``spend`` and
+  ``lower_to``).
+* A frame, ``(tab, path)``, is what the context variable binds: the tab plus the attempt path of the
+  code that runs now. Frames are plain tuples because one is made for every attempt on the hot path.
 
 Key minting and fan-out derivation are pure functions of their inputs (time and random bytes are
 passed in), so the simulator can mint reproducible keys and a retry of the parent reproduces the
@@ -42,7 +44,8 @@ def _b32(value: int, width: int) -> str:
     return "".join(reversed(out))
 
 
-# Two base32 characters per 10 bits: a key's 180 bits (50 of time, 2 zero bits, 128 random) in 18 steps.
+# Two base32 characters per 10 bits: a key's 180 bits (50 of time, 2 zero bits, 128 random) in
+# 18 steps.
 _PAIRS = tuple(a + b for a in _B32 for b in _B32)
 _PAIR_SHIFTS = tuple(range(170, -1, -10))
 _TIME_MASK = (1 << 5 * _TIME_CHARS) - 1
@@ -56,7 +59,8 @@ def mint_key(now_ms: int, random16: bytes) -> str:
     """
     if len(random16) != 16:
         raise ValueError("mint_key needs exactly 16 random bytes")
-    # _b32(max(0, now_ms), _TIME_CHARS) + _b32(random, _RAND_CHARS), in one pass (tests/test_wire_caches.py)
+    # _b32(max(0, now_ms), _TIME_CHARS) + _b32(random, _RAND_CHARS), in one pass
+    # (tests/test_wire_caches.py)
     bits = (max(0, now_ms) & _TIME_MASK) << 5 * _RAND_CHARS | int.from_bytes(random16, "big")
     pairs = _PAIRS
     return "".join([pairs[bits >> shift & 1023] for shift in _PAIR_SHIFTS])
@@ -65,17 +69,19 @@ def mint_key(now_ms: int, random16: bytes) -> str:
 def derive_key(parent: str, label: str) -> str:
     """The key of a fan-out child: a pure function of the parent key and a stable label.
 
-    The child keeps the parent's time prefix (so it sorts with its parent) and replaces the random part
-    with a keyed hash, so retrying the parent reproduces exactly the same children.
+    The child keeps the parent's time prefix (so it sorts with its parent) and replaces the random
+    part with a keyed hash, so retrying the parent reproduces exactly the same children.
     """
-    from hashlib import blake2b  # hashlib costs ~3 ms at import; only fan-out needs it
+    from hashlib import blake2b  # hashlib is slow to import; only fan-out needs it
 
-    digest = blake2b(label.encode("utf-8"), digest_size=16, key=parent.encode("ascii")[:64]).digest()
+    digest = blake2b(label.encode("utf-8"), digest_size=16,
+                     key=parent.encode("ascii")[:64]).digest()
     return parent[:_TIME_CHARS] + _b32(int.from_bytes(digest, "big"), _RAND_CHARS)
 
 
 class Hop(NamedTuple):
-    """One step of the attempt path: which layer made the call and which attempt of its own it was."""
+    """One step of the attempt path: which layer made the call and which attempt of its own it
+    was."""
 
     layer: str
     attempt: int
@@ -88,8 +94,9 @@ class Hop(NamedTuple):
 class Question:
     """An immutable snapshot of a question's identity and account.
 
-    ``deadline`` is an absolute time on the reading process's monotonic clock (``None``: no deadline);
-    on the wire it travels as remaining milliseconds, so clocks of different hosts never meet.
+    ``deadline`` is an absolute time on the reading process's monotonic clock (``None``: no
+    deadline); on the wire it travels as remaining milliseconds, so clocks of different hosts never
+    meet.
     """
 
     key: str
@@ -98,18 +105,20 @@ class Question:
     budget: int
     deadline: float | None = None
     path: tuple[Hop, ...] = ()
-    sig: bytes | None = None  # an originator's HMAC of the key (askonce.signing), forwarded unchanged
+    # An originator's HMAC of the key (askonce.signing), forwarded unchanged.
+    sig: bytes | None = None
 
     def remaining(self, now: float) -> float | None:
-        """Seconds left until the deadline at ``now`` (never negative), or ``None`` without a deadline."""
+        """Seconds left until the deadline at ``now`` (never negative), or ``None`` without a
+        deadline."""
         return None if self.deadline is None else max(0.0, self.deadline - now)
 
 
 class Account:
     """The budget of one question in one process; shared by every tab of the question (fan-out too).
 
-    ``spend`` takes a retry from it; ``hold``/``release`` put what is forwarded to another process in
-    escrow until its reply says what is left (so ``left`` plus what is held never goes up);
+    ``spend`` takes a retry from it; ``hold``/``release`` put what is forwarded to another process
+    in escrow until its reply says what is left (so ``left`` plus what is held never goes up);
     ``lower_to`` follows a reply. All of it is atomic across threads.
     """
 
@@ -118,7 +127,8 @@ class Account:
     def __init__(self, left: int) -> None:
         self.left = left
 
-    # The lock's acquire and release are called directly, in try/finally: cheaper than its context manager.
+    # The lock's acquire and release are called directly, in try/finally: cheaper than its context
+    # manager.
 
     def spend(self, n: int = 1) -> bool:
         _SPEND_LOCK.acquire()
@@ -166,8 +176,9 @@ class Account:
 class Tab:
     """One question's identity and account inside one process.
 
-    The key may be minted lazily (``minter``) so that a layer which binds a question only to share its
-    budget with inner layers pays for minting only if a key is ever needed (a header, a log line).
+    The key may be minted lazily (``minter``) so that a layer which binds a question only to share
+    its budget with inner layers pays for minting only if a key is ever needed (a header, a log
+    line).
     """
 
     __slots__ = ("_key", "_minter", "account", "deadline", "edge", "origin", "sig")
@@ -211,7 +222,8 @@ class Tab:
         return Tab(derive_key(self.key, label), self.origin, self.edge, self.account, self.deadline)
 
     def snapshot(self, path: tuple[Hop, ...]) -> Question:
-        return Question(self.key, self.origin, self.edge, self.account.left, self.deadline, path, self.sig)
+        return Question(self.key, self.origin, self.edge, self.account.left, self.deadline, path,
+                        self.sig)
 
 
 Frame = tuple[Tab, tuple[Hop, ...]]

@@ -1,16 +1,17 @@
 """The general parser: a strict subset of RFC 9651 (structured field values) dictionaries, by hand.
 
-Both askonce headers are structured-field dictionaries. What ``format_question`` writes is read by one
-regular expression in :mod:`askonce.core.wire` (the canonical fast path); everything else, and every
-``askonce-reply``, comes here. The subset (the choice was measured, see ``docs/benchmarks.md``):
-integers, booleans, strings, tokens, byte sequences and inner lists of those (a string inside an inner
-list may not contain a parenthesis), with no parameters, no decimals and no duplicate members. Anything
-outside it, or over the size limit, is rejected *as a whole* with a :class:`~askonce.core.wire.Malformed`;
-nothing raises. Every accepted dictionary is also accepted, with the same values, by a full RFC 9651
-parser (``tests/test_wire_differential.py`` checks it against ``http-sfv``).
+Both askonce headers are structured-field dictionaries. What ``format_question`` writes is read by
+one regular expression in :mod:`askonce.core.wire` (the canonical fast path); everything else, and
+every ``askonce-reply``, comes here. The subset (the choice was measured, see
+``docs/benchmarks.md``): integers, booleans, strings, tokens, byte sequences and inner lists of
+those (a string inside an inner list may not contain a parenthesis), with no parameters, no decimals
+and no duplicate members. Anything outside it, or over the size limit, is rejected *as a whole* with
+a :class:`~askonce.core.wire.Malformed`; nothing raises. Every accepted dictionary is also accepted,
+with the same values, by a full RFC 9651 parser (``tests/test_wire_differential.py`` checks it
+against ``http-sfv``).
 
-:mod:`askonce.core.wire` imports this module on first use, through ``wire.parse_dictionary``, which is the
-name to call (and the one ``bench/bench_wire.py`` swaps for http-sfv).
+:mod:`askonce.core.wire` imports this module on first use, through ``wire.parse_dictionary``, which
+is the name to call (and the one ``bench/bench_wire.py`` swaps for http-sfv).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ _ITEM = (
 
 
 class _General:
-    """The general parser's expressions, compiled on first use (about a millisecond): most processes only
-    ever meet the canonical form, and importing this module (a type, a test) should not pay for them."""
+    """The general parser's expressions, compiled on first use: most processes only ever meet the
+    canonical form, and importing this module (a type, a test) should not pay for them."""
 
     def __init__(self) -> None:
         self.member = re.compile(rf"(?P<k>{_KEY})(?:=(?:{_ITEM}|\((?P<l>[^()]*)\)))?")
@@ -100,7 +101,8 @@ def _inner(text: str) -> list[Item] | None:
 
 
 def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
-    """Parse the strict subset of an RFC 9651 dictionary. Never raises; never works past the size limit."""
+    """Parse the strict subset of an RFC 9651 dictionary. Never raises; never works past the size
+    limit."""
     if len(text) > MAX_HEADER_CHARS:
         return Malformed("too-long")
     if not text.isascii():

@@ -2,12 +2,12 @@
 
 Two classic structures, both mergeable so that two target replicas can be combined:
 
-* :class:`HyperLogLog` estimates how many distinct keys were seen. With ``p = 14`` it keeps 16 KiB of
-  registers and has a standard error of ``1.04 / sqrt(2**14)``, about 0.8 %.
-* :class:`Frequent` is the Misra-Gries "frequent items" summary: ``k`` counters, each a *lower bound* on
-  an item's true count, off by at most ``offset`` (which is at most ``n / (k + 1)`` for ``n`` items).
-  Any item seen more than ``n / (k + 1)`` times is guaranteed to be held. Lower bounds are reported, so
-  a key is never said to be heavier than it was.
+* :class:`HyperLogLog` estimates how many distinct keys were seen. With ``p = 14`` it keeps 16 KiB
+  of registers and has a standard error of ``1.04 / sqrt(2**14)``, about 0.8 %.
+* :class:`Frequent` is the Misra-Gries "frequent items" summary: ``k`` counters, each a *lower
+  bound* on an item's true count, off by at most ``offset`` (which is at most ``n / (k + 1)`` for
+  ``n`` items). Any item seen more than ``n / (k + 1)`` times is guaranteed to be held. Lower bounds
+  are reported, so a key is never said to be heavier than it was.
 
 Hashes come from :func:`hashlib.blake2b` with 8-byte digests, never from the builtin ``hash`` of a
 ``str`` (salted per process), so that registers built by different processes can be merged.
@@ -25,7 +25,8 @@ T = TypeVar("T", bound=Hashable)
 _MASK64 = (1 << 64) - 1
 
 
-_PROTOTYPES: dict[bytes, hashlib.blake2b] = {}  # person -> a keyed-up blake2b; copying it beats constructing one
+# person -> a keyed-up blake2b; copying it beats constructing one
+_PROTOTYPES: dict[bytes, hashlib.blake2b] = {}
 
 
 def digest64(*parts: str, person: bytes = b"askonce") -> int:
@@ -44,7 +45,8 @@ def digest64(*parts: str, person: bytes = b"askonce") -> int:
 
 
 class HyperLogLog:
-    """Distinct-count estimate over 64-bit hashes (Flajolet et al. 2007, with linear counting below)."""
+    """Distinct-count estimate over 64-bit hashes (Flajolet et al. 2007, with linear counting
+    below)."""
 
     __slots__ = ("_registers", "p")
 
@@ -58,7 +60,8 @@ class HyperLogLog:
         p = self.p
         index = h >> (64 - p)
         rest = h & ((1 << (64 - p)) - 1)
-        # The rank is the position of the leftmost 1 in the remaining 64 - p bits (all zero: 64 - p + 1).
+        # The rank is the position of the leftmost 1 in the remaining 64 - p bits
+        # (all zero: 64 - p + 1).
         rank = (64 - p) - rest.bit_length() + 1
         if rank > self._registers[index]:
             self._registers[index] = rank
@@ -79,8 +82,8 @@ class HyperLogLog:
     def estimate(self) -> float:
         m = len(self._registers)
         regs = bytes(self._registers)
-        # A histogram of register values is computed in C by bytes.count; summing 2**-r per register in
-        # Python would cost a loop of m iterations.
+        # A histogram of register values is computed in C by bytes.count; summing 2**-r per register
+        # in Python would cost a loop of m iterations.
         total = 0.0
         zeros = 0
         for r in range(0, 64 - self.p + 2):
@@ -93,8 +96,8 @@ class HyperLogLog:
         raw = alpha * m * m / total
         if raw <= 2.5 * m and zeros:
             return m * math.log(m / zeros)
-        # With 64-bit hashes hash collisions stay negligible far beyond any count a ledger sees, so the
-        # large-range correction of the 32-bit paper is not needed.
+        # With 64-bit hashes hash collisions stay negligible far beyond any count a ledger sees, so
+        # the large-range correction of the 32-bit paper is not needed.
         return raw
 
     def is_empty(self) -> bool:
@@ -111,7 +114,8 @@ class Frequent(Generic[T]):
             raise ValueError(f"Frequent needs at least one counter, got k={k!r}")
         self.k = k
         self.counts: dict[T, int] = {}
-        self.offset = 0  # total amount subtracted from every count: the largest possible underestimate
+        # Total amount subtracted from every count: the largest possible underestimate.
+        self.offset = 0
 
     def add(self, item: T, count: int = 1) -> None:
         counts = self.counts
@@ -122,8 +126,9 @@ class Frequent(Generic[T]):
         if len(counts) < self.k:
             counts[item] = count
             return
-        # Full: take the same amount off every counter and off the newcomer. Each such pass removes at
-        # least k + 1 units and only n units ever arrive, so the passes cost O(1) amortised per item.
+        # Full: take the same amount off every counter and off the newcomer. Each such pass
+        # removes at least k + 1 units and only n units ever arrive, so the passes cost O(1)
+        # amortised per item.
         cut = min(count, min(counts.values()))
         self.offset += cut
         for key in [key for key, c in counts.items() if c <= cut]:

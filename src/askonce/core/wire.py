@@ -1,14 +1,14 @@
 """The wire format: ``askonce-question`` and ``askonce-reply``, strict and bounded.
 
 Both headers are RFC 9651 structured-field dictionaries, parsed as a *strict subset* of that grammar
-(:mod:`askonce.core.sfv`, the general parser). Anything outside the subset, over the size limit, of an
-unknown version, or with a value out of range is rejected *as a whole*: the parse functions return a
-:class:`Malformed` carrying the reason and never raise. What ``format_question`` writes is recognised by
-one regular expression first (the canonical fast path, here); anything else goes through the general
-parser, and the two are checked to agree.
+(:mod:`askonce.core.sfv`, the general parser). Anything outside the subset, over the size limit, of
+an unknown version, or with a value out of range is rejected *as a whole*: the parse functions
+return a :class:`Malformed` carrying the reason and never raise. What ``format_question`` writes is
+recognised by one regular expression first (the canonical fast path, here); anything else goes
+through the general parser, and the two are checked to agree.
 
-Receivers clamp what they accept to their own :class:`Limits`: a caller cannot raise a callee's budget
-or deadline above what the callee allows.
+Receivers clamp what they accept to their own :class:`Limits`: a caller cannot raise a callee's
+budget or deadline above what the callee allows.
 
 See ``docs/protocol.md`` for the specification with examples.
 """
@@ -79,15 +79,17 @@ class Limits:
             raise ValueError(f"max_budget must be an integer within 0..{MAX_BUDGET}, got {b!r}")
         d = self.max_deadline
         if not is_real(d) or not 0 < d <= _MAX_SECONDS:  # NaN fails
-            raise ValueError(f"max_deadline must be seconds within (0, {MAX_DEADLINE_MS // 1000}], got {d!r}")
+            raise ValueError(f"max_deadline must be seconds within (0, {MAX_DEADLINE_MS // 1000}], "
+                             f"got {d!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     """What a callee tells its caller about the question's account.
 
-    ``budget``: what is left after the callee's own spending. ``dnr``: do not retry, with ``reason``.
-    ``pushback``: seconds the caller should wait before any retry (``None``: no opinion).
+    ``budget``: what is left after the callee's own spending. ``dnr``: do not retry, with
+    ``reason``. ``pushback``: seconds the caller should wait before any retry (``None``: no
+    opinion).
     """
 
     budget: int
@@ -96,15 +98,16 @@ class Reply:
     pushback: float | None = None
 
 
-# --- the general parser ------------------------------------------------------------------------------
+# --- the general parser ---------------------------------------------------------------------------
 
 _general_parse: Callable[[str], dict[str, Value] | Malformed] | None = None
 
 
 def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
-    """Parse the strict subset of an RFC 9651 dictionary (:mod:`askonce.core.sfv`). Never raises; never
-    works past the size limit. ``parse_question`` and ``parse_reply`` call this name (so a benchmark can
-    swap it). The parser is imported at the first call: the canonical fast path never needs it."""
+    """Parse the strict subset of an RFC 9651 dictionary (:mod:`askonce.core.sfv`). Never raises;
+    never works past the size limit. ``parse_question`` and ``parse_reply`` call this name (so a
+    benchmark can swap it). The parser is imported at the first call: the canonical fast path never
+    needs it."""
     global _general_parse
     if _general_parse is None:
         from askonce.core import sfv  # not at the top: ``import askonce`` should not pay for it
@@ -113,7 +116,7 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
     return _general_parse(text)
 
 
-# --- askonce-question -------------------------------------------------------------------------------
+# --- askonce-question -----------------------------------------------------------------------------
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
 _KEY_TEXT = re.compile(r"[0-9A-Za-z_-]{16,64}")
@@ -148,10 +151,10 @@ _CANONICAL = re.compile(
 )
 
 
-# Paths repeat (the few routes questions take through a fleet), so the canonical parse reads each path
-# text's hops once. The key is header text a caller chose: the cache holds only texts that parsed, of at
-# most ``_MAX_PATH_TEXT`` characters, and starts over when ``_MAX_PATHS`` are held; a miss parses as if
-# there were no cache (``tests/test_wire_caches.py``).
+# Paths repeat (the few routes questions take through a fleet), so the canonical parse reads each
+# path text's hops once. The key is header text a caller chose: the cache holds only texts that
+# parsed, of at most ``_MAX_PATH_TEXT`` characters, and starts over when ``_MAX_PATHS`` are held; a
+# miss parses as if there were no cache (``tests/test_wire_caches.py``).
 _PATHS: dict[str, tuple[Hop, ...]] = {}
 _MAX_PATHS = 256
 _MAX_PATH_TEXT = 256
@@ -161,15 +164,16 @@ _V = TypeVar("_V")
 
 
 def _keep(cache: dict[_K, _V], key: _K, value: _V) -> None:
-    """Remember ``value``: a cache full at ``_MAX_PATHS`` starts over (paths repeat; their texts are bounded)."""
+    """Remember ``value``: a cache full at ``_MAX_PATHS`` starts over (paths repeat; their texts
+    are bounded)."""
     if len(cache) >= _MAX_PATHS:
         cache.clear()
     cache[key] = value
 
 
 def _canonical_path(p: str) -> tuple[Hop, ...] | None:
-    """The hops of a path text that matched the canonical expression and is not cached yet (the caller looks
-    in ``_PATHS`` first); ``None`` if an attempt is out of range."""
+    """The hops of a path text that matched the canonical expression and is not cached yet (the
+    caller looks in ``_PATHS`` first); ``None`` if an attempt is out of range."""
     hops = []
     for hop in p.split(" "):
         layer, _, n = hop.rpartition(":")
@@ -184,7 +188,8 @@ def _canonical_path(p: str) -> tuple[Hop, ...] | None:
 
 
 _Fields = tuple[str, str, bool, int, float | None, tuple[Hop, ...], bytes | None]
-"""A question's members in :class:`Question`'s order: key, origin, edge, budget, deadline, path, sig."""
+"""A question's members in :class:`Question`'s order: key, origin, edge, budget, deadline, path,
+sig."""
 
 
 def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
@@ -239,7 +244,8 @@ def _ascii(text: str | bytes) -> str | Malformed:
         return Malformed("not-ascii")
 
 
-def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> Question | Malformed:
+def parse_question(text: str | bytes, now: float,
+                   limits: Limits = Limits()) -> Question | Malformed:
     """Decode an ``askonce-question`` value into a :class:`Question` on the local clock, clamped."""
     decoded = _ascii(text)
     if isinstance(decoded, Malformed):
@@ -252,11 +258,12 @@ def parse_question(text: str | bytes, now: float, limits: Limits = Limits()) -> 
 
 
 def parse_frame(text: str | bytes, now: float, limits: Limits = Limits()) -> Frame | Malformed:
-    """:func:`parse_question` straight into what a server binds: a fresh process-local :class:`Tab` for the
-    question (its own :class:`Account` of the budget that came) and the attempt path.
+    """:func:`parse_question` straight into what a server binds: a fresh process-local :class:`Tab`
+    for the question (its own :class:`Account` of the budget that came) and the attempt path.
 
-    The same values as ``parse_question`` and then ``context.tab_from``, without the :class:`Question` in
-    between, which the hot path of a server middleware never needs (``tests/test_wire_caches.py``).
+    The same values as ``parse_question`` and then ``context.tab_from``, without the
+    :class:`Question` in between, which the hot path of a server middleware never needs
+    (``tests/test_wire_caches.py``).
     """
     decoded = _ascii(text)
     if isinstance(decoded, Malformed):
@@ -308,14 +315,16 @@ def _parse_question_general(text: str, now: float, limits: Limits) -> Question |
     sig = d.get("s")
     if sig is not None and (type(sig) is not bytes or not 1 <= len(sig) <= MAX_SIG_BYTES):
         return Malformed("sig")
-    return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path, sig)
+    return Question(str(key), str(origin), edge, min(budget, limits.max_budget), deadline, path,
+                    sig)
 
 
 def to_ms(seconds: float, *, up: bool) -> int:
-    """Seconds to whole milliseconds within the protocol's range. Time left is floored (a callee is never
-    given more time than its caller has); pushback is rounded up (a caller never waits less than asked).
-    The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...). Out of range, infinite or NaN:
-    clamped first (NaN as 0), so this never raises; within 0..86400 s neither rounding leaves 0..86400000."""
+    """Seconds to whole milliseconds within the protocol's range. Time left is floored (a callee is
+    never given more time than its caller has); pushback is rounded up (a caller never waits less
+    than asked). The 1e-6 absorbs binary floating point (1.001 * 1000 is 1000.9999...). Out of
+    range, infinite or NaN: clamped first (NaN as 0), so this never raises; within 0..86400 s
+    neither rounding leaves 0..86400000."""
     if not 0 <= seconds <= _MAX_SECONDS:
         seconds = _MAX_SECONDS if seconds > _MAX_SECONDS else 0.0
     return math.ceil(seconds * 1000 - 1e-6) if up else math.floor(seconds * 1000 + 1e-6)
@@ -327,15 +336,16 @@ def _path_text(path: tuple[Hop, ...]) -> str:
     return " ".join(f"{h.layer}:{h.attempt}" for h in path)
 
 
-# Path texts by path: a layer sends the same few paths over and over. Bounded like ``_PATHS``: texts of
-# at most ``_MAX_PATH_TEXT`` characters, and the cache starts over when ``_MAX_PATHS`` are held.
+# Path texts by path: a layer sends the same few paths over and over. Bounded like ``_PATHS``: texts
+# of at most ``_MAX_PATH_TEXT`` characters, and the cache starts over when ``_MAX_PATHS`` are held.
 _PATH_TEXTS: dict[tuple[Hop, ...], str] = {}
 
 
 def _cached_path_text(path: tuple[Hop, ...]) -> str:
     try:
         text = _PATH_TEXTS.get(path)
-    except TypeError:  # not hashable (a list passed where a tuple of hops belongs): as it always was written
+    except TypeError:
+        # Not hashable (a list passed where a tuple of hops belongs): written without the cache.
         return _path_text(path)
     if text is None:
         text = _path_text(path)
@@ -353,14 +363,15 @@ def format_question(
     path: tuple[Hop, ...] = (),
     sig: bytes | None = None,
 ) -> str:
-    """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no deadline)."""
+    """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no
+    deadline)."""
     if not 0 < budget < MAX_BUDGET:
         budget = max(0, min(budget, MAX_BUDGET))
     text = f'v={VERSION}, k="{key}", o={origin}, e, b={budget}' if edge else (
         f'v={VERSION}, k="{key}", o={origin}, b={budget}')
     if remaining is not None:
-        # to_ms(remaining, up=False), spelled out: int() is math.floor on 0..86400 s, and what is outside
-        # (infinite and NaN too) is clamped before it is multiplied, as to_ms does
+        # to_ms(remaining, up=False), spelled out: int() is math.floor on 0..86400 s, and what is
+        # outside (infinite and NaN too) is clamped before it is multiplied, as to_ms does
         if 0 <= remaining <= _MAX_SECONDS:
             text += f", d={int(remaining * 1000 + 1e-6)}"
         else:
@@ -372,7 +383,7 @@ def format_question(
     return text
 
 
-# --- askonce-reply ----------------------------------------------------------------------------------
+# --- askonce-reply --------------------------------------------------------------------------------
 
 
 def parse_reply(text: str | bytes) -> Reply | Malformed:

@@ -1,9 +1,9 @@
-"""gRPC, the server side: the sync and ``grpc.aio`` server interceptors, and the reply in trailing metadata.
+"""gRPC server side: the sync and ``grpc.aio`` server interceptors, the reply in trailing metadata.
 
-Imported through :mod:`askonce.integrations.grpc`, which re-exports :class:`AskonceServerInterceptor` and
-:class:`AsyncAskonceServerInterceptor`; the module docstring there describes both sides. The metadata
-names both sides share (``grpc-retry-pushback-ms``, the binary keys) live here, so that the client module
-imports this one and never the other way round.
+Imported through :mod:`askonce.integrations.grpc`, which re-exports
+:class:`AskonceServerInterceptor` and :class:`AsyncAskonceServerInterceptor`; the module docstring
+there describes both sides. The metadata names both sides share (``grpc-retry-pushback-ms``, the
+binary keys) live here, so that the client module imports this one and never the other way round.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ Metadata = Iterable[tuple[str, str | bytes]]
 
 def _trailing(existing: Metadata | None, reply: Reply) -> tuple[tuple[str, str | bytes], ...]:
     """The handler's trailing metadata with the reply added (a handler's own reply is replaced)."""
-    kept = [(k, v) for k, v in existing or () if k != REPLY_HEADER and not (reply.dnr and k == PUSHBACK)]
+    kept = [(k, v) for k, v in existing or ()
+            if k != REPLY_HEADER and not (reply.dnr and k == PUSHBACK)]
     kept.append((REPLY_HEADER, format_reply(reply)))
     if reply.dnr:
         kept.append((PUSHBACK, "-1"))  # clients retrying with gRPC's own retry policy stop too
@@ -50,22 +51,26 @@ def _method(details: Any) -> str:
 
 
 def _refusal(answer: Answer) -> tuple[grpc.StatusCode, str]:
-    return _REFUSAL.get(answer.reply.reason or "", Code.UNAVAILABLE), answer.body.decode("ascii").strip()
+    return (_REFUSAL.get(answer.reply.reason or "", Code.UNAVAILABLE),
+            answer.body.decode("ascii").strip())
 
 
 class _Serving:
     """What the sync and aio server interceptors share: options, and which handlers they wrap."""
 
-    def __init__(self, *, layer: str, originator: bool = False, limits: Limits = Limits(), budget: int = 2,
-                 deadline: float | None = 30.0, ledger: LedgerLike | None = None,
-                 principal: Callable[[Any], str] | None = None, operation: Callable[[Any], str] | None = None,
-                 shed_deadline: bool = True, edge_secret: Secret | Sequence[Secret] | None = None) -> None:
+    def __init__(self, *, layer: str, originator: bool = False, limits: Limits = Limits(),
+                 budget: int = 2, deadline: float | None = 30.0, ledger: LedgerLike | None = None,
+                 principal: Callable[[Any], str] | None = None,
+                 operation: Callable[[Any], str] | None = None, shed_deadline: bool = True,
+                 edge_secret: Secret | Sequence[Secret] | None = None) -> None:
         self.server = Server(ServerOptions(
-            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
+            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
+            ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
+            edge_secret=edge_secret,
         ))  # fmt: skip
 
-    def _wrap(self, handler: Any, details: Any, wrap: Callable[[Any, Any, list[str | bytes]], Any]) -> Any:
+    def _wrap(self, handler: Any, details: Any,
+              wrap: Callable[[Any, Any, list[str | bytes]], Any]) -> Any:
         if handler is None or handler.response_streaming:
             return handler  # response streams pass through: not bound, no reply
         values: list[str | bytes] = []
@@ -76,22 +81,26 @@ class _Serving:
                 count("malformed.question.binary")
         kinds = (handler.request_deserializer, handler.response_serializer)
         if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, details, values), *kinds)
-        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, details, values), *kinds)
+            return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, details, values),
+                                                        *kinds)
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, details, values),
+                                                   *kinds)
 
 
 class AskonceServerInterceptor(_Serving, grpc.ServerInterceptor):
     """Sync server: ``grpc.server(pool, interceptors=[AskonceServerInterceptor(layer="billing")])``.
 
-    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included, no
-    ``cancel_on_disconnect``), with ``principal`` and ``operation`` called on the ``grpc.HandlerCallDetails``;
-    the default operation is the method name.
+    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included,
+    no ``cancel_on_disconnect``), with ``principal`` and ``operation`` called on the
+    ``grpc.HandlerCallDetails``; the default operation is the method name.
     """
 
-    def intercept_service(self, continuation: Any, handler_call_details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(self, continuation: Any,
+                          handler_call_details: grpc.HandlerCallDetails) -> Any:
         return self._wrap(continuation(handler_call_details), handler_call_details, self._behavior)
 
-    def _behavior(self, behavior: Callable[[Any, Any], Any], details: Any, values: list[str | bytes]) -> Any:
+    def _behavior(self, behavior: Callable[[Any, Any], Any], details: Any,
+                  values: list[str | bytes]) -> Any:
         server = self.server
 
         def serve(request: Any, ctx: grpc.ServicerContext) -> Any:
@@ -115,9 +124,10 @@ def _existing(ctx: Any) -> Metadata | None:
     return getter() if callable(getter) else None
 
 
-def _sync_failure(server: Server, arrival: Arrival, ctx: grpc.ServicerContext, exc: Exception) -> None:
-    # The sync server sends the trailing metadata as it stands when the handler's exception reaches it,
-    # so the reply can be written after the handler's own abort.
+def _sync_failure(server: Server, arrival: Arrival, ctx: grpc.ServicerContext,
+                  exc: Exception) -> None:
+    # The sync server sends the trailing metadata as it stands when the handler's exception reaches
+    # it, so the reply can be written after the handler's own abort.
     answer = server.failure(arrival, exc)
     if answer is not None:
         ctx.set_trailing_metadata(_trailing(_existing(ctx), answer.reply))
@@ -128,8 +138,8 @@ def _sync_failure(server: Server, arrival: Arrival, ctx: grpc.ServicerContext, e
 class _AioContext:
     """The servicer context an aio handler sees: the real one, except that ``abort`` adds the reply.
 
-    ``grpc.aio`` sends the trailing metadata as it stands when ``abort`` is called, so the reply cannot
-    be added once the handler has aborted.
+    ``grpc.aio`` sends the trailing metadata as it stands when ``abort`` is called, so the reply
+    cannot be added once the handler has aborted.
     """
 
     __slots__ = ("_arrival", "_ctx")
@@ -141,7 +151,8 @@ class _AioContext:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> NoReturn:
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Metadata = ()) -> NoReturn:
         base = trailing_metadata or self._ctx.trailing_metadata()
         await self._ctx.abort(code, details, _trailing(base, self._arrival.reply(True)))
         raise AssertionError("grpc.aio abort() returned")  # it always raises
@@ -151,19 +162,23 @@ class _AioContext:
 
 
 class AsyncAskonceServerInterceptor(_Serving, aio.ServerInterceptor):
-    """The ``grpc.aio`` server: ``aio.server(interceptors=[AsyncAskonceServerInterceptor(layer="billing")])``.
+    """The ``grpc.aio`` server interceptor.
 
-    Options as :class:`AskonceServerInterceptor`. The handler gets a context whose ``abort`` adds the
-    reply; everything else is the real context's.
+    ``aio.server(interceptors=[AsyncAskonceServerInterceptor(layer="billing")])``. Options as
+    :class:`AskonceServerInterceptor`. The handler gets a context whose ``abort`` adds the reply;
+    everything else is the real context's.
     """
 
-    async def intercept_service(self, continuation: Any, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return self._wrap(await continuation(handler_call_details), handler_call_details, self._behavior)
+    async def intercept_service(self, continuation: Any,
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        return self._wrap(await continuation(handler_call_details), handler_call_details,
+                          self._behavior)
 
     def _behavior(self, behavior: Callable[[Any, Any], Awaitable[Any]], details: Any,
                   values: list[str | bytes]) -> Any:
         server = self.server
-        if not inspect.iscoroutinefunction(behavior):  # grpc.aio runs it in its migration_thread_pool
+        # grpc.aio runs a sync handler in its migration_thread_pool.
+        if not inspect.iscoroutinefunction(behavior):
             return _sync_on_aio(server, behavior, details, values)
 
         async def serve(request: Any, ctx: aio.ServicerContext[Any, Any]) -> Any:
@@ -180,18 +195,20 @@ class AsyncAskonceServerInterceptor(_Serving, aio.ServerInterceptor):
                     if answer is not None:
                         await ctx.abort(Code.UNAVAILABLE, answer.body.decode("ascii").strip(),
                                         _trailing(ctx.trailing_metadata(), answer.reply))
-                    ctx.set_trailing_metadata(_trailing(ctx.trailing_metadata(), arrival.reply(True)))
+                    ctx.set_trailing_metadata(_trailing(ctx.trailing_metadata(),
+                                                        arrival.reply(True)))
                     raise
-                ctx.set_trailing_metadata(_trailing(ctx.trailing_metadata(), arrival.reply(_failed(ctx))))
+                ctx.set_trailing_metadata(_trailing(ctx.trailing_metadata(),
+                                                    arrival.reply(_failed(ctx))))
                 return response
 
         return serve
 
 
 class _SyncAioContext:
-    """The context a *sync* handler on a ``grpc.aio`` server sees: as :class:`_AioContext`, ``abort`` adds the
-    reply; and what the handler sets is remembered, since that context cannot tell its trailing metadata
-    or code."""
+    """The context a *sync* handler on a ``grpc.aio`` server sees: as :class:`_AioContext`,
+    ``abort`` adds the reply; and what the handler sets is remembered, since that context cannot
+    tell its trailing metadata or code."""
 
     __slots__ = ("_arrival", "_code", "_ctx", "_trailing")
 
@@ -218,8 +235,10 @@ class _SyncAioContext:
     def code(self) -> grpc.StatusCode | None:
         return self._code
 
-    def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> NoReturn:
-        self._ctx.abort(code, details, _trailing(trailing_metadata or self._trailing, self._arrival.reply(True)))
+    def abort(self, code: grpc.StatusCode, details: str = "",
+              trailing_metadata: Metadata = ()) -> NoReturn:
+        self._ctx.abort(code, details,
+                        _trailing(trailing_metadata or self._trailing, self._arrival.reply(True)))
         raise AssertionError("grpc.aio abort() returned")  # it always raises
 
     def abort_with_status(self, status: grpc.Status) -> NoReturn:
@@ -228,7 +247,10 @@ class _SyncAioContext:
 
 def _sync_on_aio(server: Server, behavior: Callable[[Any, Any], Any], details: Any,
                  values: list[str | bytes]) -> Callable[[Any, Any], Any]:
-    """The aio server's ``serve`` for a sync handler, run in the server's thread pool (as grpc.aio runs it)."""
+    """The aio server's ``serve`` for a sync handler.
+
+    Run in the server's thread pool, as grpc.aio runs it.
+    """
 
     def serve(request: Any, ctx: Any) -> Any:
         with server.arrive(values, details, _method) as arrival:
@@ -246,7 +268,8 @@ def _sync_on_aio(server: Server, behavior: Callable[[Any, Any], Any], details: A
                               _trailing(seen.trailing_metadata(), answer.reply))
                 ctx.set_trailing_metadata(_trailing(seen.trailing_metadata(), arrival.reply(True)))
                 raise
-            ctx.set_trailing_metadata(_trailing(seen.trailing_metadata(), arrival.reply(_failed(seen))))
+            ctx.set_trailing_metadata(_trailing(seen.trailing_metadata(),
+                                                arrival.reply(_failed(seen))))
             return response
 
     return serve

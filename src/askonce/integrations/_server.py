@@ -2,22 +2,23 @@
 
 The ASGI, WSGI (and gRPC) middlewares only move bytes; this module decides. For one arrival:
 
-1. ``context.serve`` extracts the question (clamped to the layer's limits) or mints one, and binds it;
-   a header that was sent but could not be used is *malformed* (``context.extract`` counts it);
+1. ``context.serve`` extracts the question (clamped to the layer's limits) or mints one, and binds
+   it; a header that was sent but could not be used is *malformed* (``context.extract`` counts it);
 2. the ledger, if one is wired, records the arrival (wall-clock seconds, the operation's route
    template, the principal); over the cap, the request is answered 429 with ``dnr`` reason ``cap``;
 3. a propagated deadline that has already passed is answered 503 with ``dnr`` reason ``deadline``;
-4. otherwise the app runs; its response carries ``askonce-reply`` (what is left of the budget), and a
-   give-up that escapes it (``askonce.GaveUp``, or any exception carrying ``askonce_reply``) is
+4. otherwise the app runs; its response carries ``askonce-reply`` (what is left of the budget), and
+   a give-up that escapes it (``askonce.GaveUp``, or any exception carrying ``askonce_reply``) is
    answered 503 with the reply and ``Retry-After`` from the pushback.
 
-Frameworks that turn exceptions into their own 500 inside the app (Flask, Django) hide the give-up from
-the middleware; their error hook calls :func:`note_failure`, and a 5xx the app then sends is replaced
-by the same 503. The request also runs inside :func:`askonce.client.replies`, so a handler that turns a
-downstream give-up *response* into an error of its own (``return Response(status_code=502)``) is caught
-the same way: when the app answers 5xx and the latest outgoing call that gave up said do-not-retry, the
-answer carries that do-not-retry (``Reply(min(left, r.budget), True, r.reason, r.pushback)``, the rule of
-``context.Serving.reply``). A handler that answers 2xx-4xx after a give-up keeps its answer, without it.
+Frameworks that turn exceptions into their own 500 inside the app (Flask, Django) hide the give-up
+from the middleware; their error hook calls :func:`note_failure`, and a 5xx the app then sends is
+replaced by the same 503. The request also runs inside :func:`askonce.client.replies`, so a handler
+that turns a downstream give-up *response* into an error of its own
+(``return Response(status_code=502)``) is caught the same way: when the app answers 5xx and the
+latest outgoing call that gave up said do-not-retry, the answer carries that do-not-retry
+(``Reply(min(left, r.budget), True, r.reason, r.pushback)``, the rule of ``context.Serving.reply``).
+A handler that answers 2xx-4xx after a give-up keeps its answer, without it.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ _MAX_OPERATION_CHARS = 160
 
 UNSIGNED = "~unsigned"
 
-# The core ledger is not thread-safe; every server integration in the process records under this lock
-# (uncontended it costs well under a microsecond). Code that reads reports from the same ledger while
-# requests are served takes it too. A ledger that says ``thread_safe = True`` (the shells in
-# ``askonce.ledger_store``) is called without it: it has locks of its own, and a Redis ledger's record
-# may wait on a round trip that must not hold up every other request of the process.
+# The core ledger is not thread-safe; every server integration in the process records under this
+# lock. Code that reads reports from the same ledger while requests are served takes it too. A
+# ledger that says ``thread_safe = True`` (the shells in ``askonce.ledger_store``) is called without
+# it: it has locks of its own, and a Redis ledger's record may wait on a round trip that must not
+# hold up every other request of the process.
 LEDGER_LOCK = threading.Lock()
 
 Secret = bytes | str
@@ -59,8 +60,8 @@ class LedgerLike(Protocol):
     """What a server integration needs of a ledger: :meth:`askonce.core.ledger.Ledger.record`."""
 
     def record(self, now: float, operation: str, *, key: str | None, edge: bool = False,
-               origin: str | None = None, path: tuple[tuple[str, int], ...] = (), principal: str = "",
-               malformed: bool = False) -> bool: ...
+               origin: str | None = None, path: tuple[tuple[str, int], ...] = (),
+               principal: str = "", malformed: bool = False) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,8 @@ class ServerOptions:
     ``originator=True`` mints attributable edge keys, otherwise local keys. ``principal`` and
     ``operation`` are called with the framework's request object (ASGI scope, WSGI environ, ...).
     ``edge_secret``: the originators' shared secret (or several, newest first, while rotating): an
-    arrival that says ``e`` without a signature that verifies (``askonce.signing``) is recorded by the
-    ledger as not attributable, re-minted by origin ``"~unsigned"``, and counted as
+    arrival that says ``e`` without a signature that verifies (``askonce.signing``) is recorded by
+    the ledger as not attributable, re-minted by origin ``"~unsigned"``, and counted as
     ``ledger.edge.unsigned``; an originator layer signs the keys it mints with the first secret.
     """
 
@@ -96,13 +97,15 @@ class ServerOptions:
         if not isinstance(self.limits, Limits):
             raise ValueError(f"limits must be an askonce.Limits, got {self.limits!r}")
         if not is_int(self.budget) or not 0 <= self.budget <= wire.MAX_BUDGET:
-            raise ValueError(f"budget must be an integer within 0..{wire.MAX_BUDGET}, got {self.budget!r}")
+            raise ValueError(f"budget must be an integer within 0..{wire.MAX_BUDGET}, "
+                             f"got {self.budget!r}")
         d = self.deadline
         if d is not None and (not is_real(d)
                               or not 0 < d <= wire.MAX_DEADLINE_MS / 1000):
             raise ValueError(f"deadline must be seconds within (0, 86400] or None, got {d!r}")
         if self.ledger is not None and not callable(getattr(self.ledger, "record", None)):
-            raise ValueError("ledger must have a record(now, operation, *, key, ...) method (askonce Ledger)")
+            raise ValueError("ledger must have a record(now, operation, *, key, ...) method "
+                             "(askonce Ledger)")
         for name in ("principal", "operation"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -111,13 +114,15 @@ class ServerOptions:
         if secret is not None:
             if not isinstance(secret, str | bytes):
                 if not isinstance(secret, Sequence):
-                    raise ValueError(f"edge_secret must be bytes, str or a sequence of them, got {secret!r}")
+                    raise ValueError("edge_secret must be bytes, str or a sequence of them, "
+                                     f"got {secret!r}")
                 secret = tuple(cast(Sequence[Secret], secret))
                 object.__setattr__(self, "edge_secret", secret)
             from askonce.signing import verify_key  # hmac loads only when keys are signed
 
             try:
-                verify_key("", None, secret)  # refuses a secret that is too short, or an empty sequence
+                # Refuses a secret that is too short, or an empty sequence.
+                verify_key("", None, secret)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"edge_secret: {exc}") from None
 
@@ -131,14 +136,16 @@ class Answer(NamedTuple):
 
     @property
     def status_line(self) -> str:
-        return f"{self.status} {'Too Many Requests' if self.status == 429 else 'Service Unavailable'}"
+        return (f"{self.status} "
+                f"{'Too Many Requests' if self.status == 429 else 'Service Unavailable'}")
 
     @property
     def body(self) -> bytes:
         return f"askonce: {self.reply.reason or 'gave up'}\n".encode("ascii", "replace")
 
     def headers(self) -> list[tuple[str, str]]:
-        out = [("content-type", "text/plain; charset=utf-8"), ("content-length", str(len(self.body))),
+        out = [("content-type", "text/plain; charset=utf-8"),
+               ("content-length", str(len(self.body))),
                (REPLY_HEADER, wire.format_reply(self.reply))]
         if self.retry_after is not None:
             out.append(("retry-after", str(self.retry_after)))
@@ -148,8 +155,8 @@ class Answer(NamedTuple):
 class PassedOn(Exception):
     """A do-not-retry give-up of a call the app made, recorded by :func:`askonce.client.replies`.
 
-    The failure an error answer of the app stands for when no exception reached the middleware: the app
-    turned the give-up's response into an error response of its own.
+    The failure an error answer of the app stands for when no exception reached the middleware: the
+    app turned the give-up's response into an error response of its own.
     """
 
     def __init__(self, reply: Reply) -> None:
@@ -158,10 +165,10 @@ class PassedOn(Exception):
 
 
 class Arrival(Record):
-    """One request at this layer: the bound question, how it came, and what was decided before the app.
+    """One request at this layer: the bound question, how it came, what was decided before the app.
 
-    It is also where the give-ups of the calls the app makes are recorded (``askonce.client.replies``):
-    one context variable for both, set once per request.
+    It is also where the give-ups of the calls the app makes are recorded
+    (``askonce.client.replies``): one context variable for both, set once per request.
     """
 
     __slots__ = ("_noted", "_tokens", "answer", "deadline", "malformed", "serving")
@@ -171,7 +178,7 @@ class Arrival(Record):
         self._tokens: tuple[Any, ...] = ()
         self.serving = serving
         self.malformed = malformed
-        # Only a deadline that came with the request bounds the handler; a minted one bounds retries.
+        # Only a propagated deadline bounds the handler; a minted one bounds retries.
         self.deadline = None if serving.minted else serving.tab.deadline
         self.answer: Answer | None = None
         self._noted: BaseException | None = None
@@ -182,7 +189,7 @@ class Arrival(Record):
 
         The exception the framework's error hook noted (:func:`note_failure`), else the do-not-retry
         give-up of the latest call the app made (:func:`askonce.client.last_reply`), else ``None``.
-        Read only for error answers: a handler that answered well after a give-up keeps a plain reply.
+        Read only for error answers: a good answer after a give-up keeps a plain reply.
         """
         if self._noted is not None:
             return self._noted
@@ -197,7 +204,8 @@ class Arrival(Record):
         if self._noted is None:
             left = self.serving.tab.account.left
             if 0 <= left < len(_PLAIN_REPLIES):
-                return _PLAIN_REPLIES[left]  # every response carries one: skip formatting the usual ones
+                # Every response carries one: skip formatting the usual ones.
+                return _PLAIN_REPLIES[left]
         return self.serving.reply_header(self._noted)
 
     def reply_bytes(self) -> bytes:
@@ -225,7 +233,10 @@ def note_failure(exc: BaseException) -> None:
 
 
 class _Values:
-    """The question header's raw values as ``context.extract`` reads them (duplicates are malformed)."""
+    """The question header's raw values as ``context.extract`` reads them.
+
+    Duplicates are malformed.
+    """
 
     __slots__ = ("values",)
 
@@ -244,7 +255,8 @@ class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         ledger = options.ledger
-        self._lock = None if ledger is None or getattr(ledger, "thread_safe", False) is True else LEDGER_LOCK
+        self._lock = (None if ledger is None or getattr(ledger, "thread_safe", False) is True
+                      else LEDGER_LOCK)
         secret = options.edge_secret
         self._mint_secret: Secret | None = None
         self._verify: Callable[[str, bytes | None], bool] | None = None
@@ -255,13 +267,14 @@ class Server:
             self._mint_secret = first if options.originator else None
             self._verify = lambda key, sig: verify_key(key, sig, secret)
 
-    def open(self, values: Sequence[str | bytes], request: Any, route: Callable[[Any], str]) -> Arrival:
-        """Extract or mint and bind the question; decide whether the app may run. :meth:`close` unbinds.
+    def open(self, values: Sequence[str | bytes], request: Any,
+             route: Callable[[Any], str]) -> Arrival:
+        """Extract or mint and bind the question; decide whether the app may run.
 
-        What :meth:`arrive` does, without a generator: ``askonce.client.replies()`` and
-        ``askonce.context.serve()`` spelled out, because this runs for every request and each
-        generator-based context manager costs a microsecond or more there. The arrival itself is
-        the record of the app's give-ups.
+        :meth:`close` unbinds. What :meth:`arrive` does, without a generator:
+        ``askonce.client.replies()`` and ``askonce.context.serve()`` spelled out, because this runs
+        for every request, where generator-based context managers are comparatively slow. The
+        arrival itself is the record of the app's give-ups.
         """
         o = self.options
         now = context.monotonic()
@@ -273,22 +286,27 @@ class Server:
             else:
                 context.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
         elif values:
-            q = context.extract(_Values(values), limits=o.limits, now=now)  # duplicates: malformed, counted there
+            # Duplicates: malformed, counted there.
+            q = context.extract(_Values(values), limits=o.limits, now=now)
             if q is not None:
                 frame = (context.tab_from(q), q.path)
         minted = frame is None
         if frame is not None:
             tab = frame[0]
-        else:  # as context.serve mints: a local key, or an edge key (signed) at an originator; lazily
-            tab = context.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now, self._mint_secret)
+        else:
+            # As context.serve mints: a local key, or an edge key (signed) at an originator; lazily.
+            tab = context.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now,
+                                     self._mint_secret)
             frame = (tab, ())
         arrival = Arrival(Serving(tab, minted), bool(values) and minted)
-        arrival._tokens = (_frame.set(frame), _give_ups.set(arrival))  # client.record_replies(arrival)
+        # client.record_replies(arrival)
+        arrival._tokens = (_frame.set(frame), _give_ups.set(arrival))
         try:
             if o.ledger is not None and not self._record(arrival, request, route):
                 context.count("server.refused.cap")
                 arrival.answer = Answer(429, Reply(tab.account.left, True, "cap"))
-            elif o.shed_deadline and arrival.deadline is not None and arrival.deadline <= context.monotonic():
+            elif (o.shed_deadline and arrival.deadline is not None
+                  and arrival.deadline <= context.monotonic()):
                 context.count("server.shed.deadline")
                 arrival.answer = self.deadline_answer(arrival)
         except BaseException:
@@ -307,8 +325,8 @@ class Server:
                route: Callable[[Any], str]) -> Iterator[Arrival]:
         """Extract or mint and bind the question for the block; decide whether the app may run.
 
-        ``values``: the raw ``askonce-question`` header values; ``route``: the operation name when no
-        ``operation`` callable is configured (called only when a ledger is wired).
+        ``values``: the raw ``askonce-question`` header values; ``route``: the operation name when
+        no ``operation`` callable is configured (called only when a ledger is wired).
         """
         arrival = self.open(values, request, route)
         try:
@@ -316,15 +334,17 @@ class Server:
         finally:
             self.close(arrival)
 
-    def enter(self, values: Sequence[str | bytes], request: Any, route: Callable[[Any], str]) -> Arrival:
+    def enter(self, values: Sequence[str | bytes], request: Any,
+              route: Callable[[Any], str]) -> Arrival:
         """:meth:`open` for a caller that runs each request in a ``contextvars.Context`` of its own.
 
-        The question stays bound in the current context with nothing to unwind: the context is thrown
-        away with the request. (A binding held open across calls would be unwound by the garbage
-        collector, in whatever context it runs, if a server forgot to close the response.)
+        The question stays bound in the current context with nothing to unwind: the context is
+        thrown away with the request. (A binding held open across calls would be unwound by the
+        garbage collector, in whatever context it runs, if a server forgot to close the response.)
         """
         arrival = self.open(values, request, route)
-        arrival._tokens = ()  # nothing to reset; and a token refers to the context, which refers to the arrival
+        # Nothing to reset; and a token refers to the context, which refers to the arrival.
+        arrival._tokens = ()
         return arrival
 
     def _record(self, arrival: Arrival, request: Any, route: Callable[[Any], str]) -> bool:
@@ -341,19 +361,21 @@ class Server:
             if arrival.serving.minted or frame is None:
                 # nothing usable came: the arrival is unkeyed (or malformed), whatever we minted
                 if lock is None:
-                    return ledger.record(now, operation, key=None, principal=principal, malformed=arrival.malformed)
+                    return ledger.record(now, operation, key=None, principal=principal,
+                                         malformed=arrival.malformed)
                 with lock:
-                    return ledger.record(now, operation, key=None, principal=principal, malformed=arrival.malformed)
+                    return ledger.record(now, operation, key=None, principal=principal,
+                                         malformed=arrival.malformed)
             edge, origin = tab.edge, tab.origin
             if edge and self._verify is not None and not self._verify(tab.key, tab.sig):
                 context.count("ledger.edge.unsigned")
                 edge, origin = False, UNSIGNED
             if lock is None:
-                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin, path=frame[1],
-                                     principal=principal)
+                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
+                                     path=frame[1], principal=principal)
             with lock:
-                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin, path=frame[1],
-                                     principal=principal)
+                return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
+                                     path=frame[1], principal=principal)
         except Exception:  # a failing ledger must never fail the request: let it through, visibly
             context.count("server.ledger.error")
             return True
@@ -364,7 +386,8 @@ class Server:
     def failure(self, arrival: Arrival, exc: BaseException, *, count: bool = True) -> Answer | None:
         """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors.
 
-        ``count=False``: the caller counts it (:meth:`count_give_up`) once the answer has really gone out.
+        ``count=False``: the caller counts it (:meth:`count_give_up`) once the answer has really
+        gone out.
         """
         exc = _single(exc)
         if reply_of(exc) is None:
@@ -372,8 +395,9 @@ class Server:
         reply = arrival.serving.reply(exc)
         retry_after = None
         if reply.pushback is not None:
-            # The app chose the pushback (inf, NaN, 1e12 alike): clamped into the protocol's 0..86400 s
-            # (NaN as 0) as the reply header writes it, and Retry-After is that many ms rounded up.
+            # The app chose the pushback (inf, NaN, 1e12 alike): clamped into the protocol's
+            # 0..86400 s (NaN as 0) as the reply header writes it, and Retry-After is that many ms
+            # rounded up.
             ms = wire.to_ms(reply.pushback, up=True)
             reply = Reply(reply.budget, reply.dnr, reply.reason, ms / 1000)
             retry_after = -(-ms // 1000)
@@ -390,7 +414,7 @@ class Server:
 
 
 def _single(exc: BaseException) -> BaseException:
-    # A task group around one failing call wraps it; a group of several says nothing about one reply.
+    # A task group wraps one failing call's error; a group of several says nothing about one reply.
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
@@ -414,7 +438,7 @@ _ID_SEGMENT = re.compile(
     r"[0-9]+"  # numbers
     r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # UUIDs
     r"|[0-9a-fA-F]{16,}"  # hex digests, object ids
-    r"|(?=[A-Za-z_-]*[0-9])[0-9A-Za-z_-]{20,}"  # long opaque tokens with a digit (ULIDs, base64 ids)
+    r"|(?=[A-Za-z_-]*[0-9])[0-9A-Za-z_-]{20,}"  # long opaque tokens with a digit (ULID, base64)
 )
 
 

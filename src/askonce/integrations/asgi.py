@@ -17,16 +17,17 @@ Per HTTP request (other scope types pass through untouched) it does what :mod:`.
   for the task. With ``Expect: 100-continue`` the watcher waits until the app has read once, so the
   app still decides whether the body is sent.
 
-Neither costs a timer per request: the running requests of an event loop wait in one queue, in arrival
-order, visited by one timer (``_Sweep``) at most every ``SWEEP_EVERY`` seconds. A request still running
-when visited, ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it started, gets its
-watcher, and a timer for its deadline; a deadline nearer than that gets its timer at once. So the
-deadline is kept to the same instant as with a timer per request, and most requests, done in a few
-milliseconds, never make one.
+Neither costs a timer per request: the running requests of an event loop wait in one queue, in
+arrival order, visited by one timer (``_Sweep``) at most every ``SWEEP_EVERY`` seconds. A request
+still running when visited, ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it
+started, gets its watcher, and a timer for its deadline; a deadline nearer than that gets its timer
+at once. So the deadline is kept to the same instant as with a timer per request, and most requests,
+done before the sweep comes by, never make one.
 
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
-cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the framework
-runs in a thread pool cannot be stopped: its caller gets the 503 at the deadline, the thread runs on.
+cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the
+framework runs in a thread pool cannot be stopped: its caller gets the 503 at the deadline, the
+thread runs on.
 """
 
 from __future__ import annotations
@@ -73,15 +74,16 @@ SWEEP_EVERY = 0.01  # the most often the running requests of one event loop are 
 class AskonceASGIMiddleware:
     """Bind the incoming question for each HTTP request and answer for it; see the module docstring.
 
-    ``layer``: this service's name (origin of the keys it mints). ``originator``: mint edge keys when
-    none arrives (else local keys). ``limits``: clamp incoming budgets and deadlines. ``budget`` and
-    ``deadline``: for minted questions. ``ledger``: record every arrival (refusing over its cap with
-    429). ``principal(scope) -> str``: the tenant keys are scoped to. ``operation(scope) -> str``: the
-    ledger's operation name (default: method and route template, e.g. ``"GET /items/{item_id}"``).
-    ``shed_deadline``: refuse arrivals past their deadline and cancel handlers at it.
-    ``cancel_on_disconnect``: cancel the handler when the client goes away. ``edge_secret``: the
-    originators' secret (or several, newest first): with a ledger, an edge key whose signature does not
-    verify is recorded as not attributable (origin ``"~unsigned"``); an originator signs what it mints.
+    ``layer``: this service's name (origin of the keys it mints). ``originator``: mint edge keys
+    when none arrives (else local keys). ``limits``: clamp incoming budgets and deadlines.
+    ``budget`` and ``deadline``: for minted questions. ``ledger``: record every arrival (refusing
+    over its cap with 429). ``principal(scope) -> str``: the tenant keys are scoped to.
+    ``operation(scope) -> str``: the ledger's operation name (default: method and route template,
+    e.g. ``"GET /items/{item_id}"``). ``shed_deadline``: refuse arrivals past their deadline and
+    cancel handlers at it. ``cancel_on_disconnect``: cancel the handler when the client goes away.
+    ``edge_secret``: the originators' secret (or several, newest first): with a ledger, an edge key
+    whose signature does not verify is recorded as not attributable (origin ``"~unsigned"``); an
+    originator signs what it mints.
     """
 
     def __init__(
@@ -103,15 +105,18 @@ class AskonceASGIMiddleware:
         if not callable(app):
             raise ValueError(f"app must be an ASGI application, got {app!r}")
         if not isinstance(cancel_on_disconnect, bool):
-            raise ValueError(f"cancel_on_disconnect must be True or False, got {cancel_on_disconnect!r}")
+            raise ValueError("cancel_on_disconnect must be True or False, "
+                             f"got {cancel_on_disconnect!r}")
         self.app = app
         self.server = Server(ServerOptions(
-            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
+            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
+            ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
+            edge_secret=edge_secret,
         ))  # fmt: skip
         self.cancel_on_disconnect = cancel_on_disconnect
         self._timed = shed_deadline or cancel_on_disconnect
-        self._sweep: tuple[Callable[[], object], _Sweep | None] = (lambda: None, None)  # (loop ref, its sweep)
+        # (loop ref, its sweep)
+        self._sweep: tuple[Callable[[], object], _Sweep | None] = (lambda: None, None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -145,7 +150,8 @@ class AskonceASGIMiddleware:
                 return  # after a disconnect there is nobody to answer
             except Exception as exc:
                 ex.finish()
-                answer = None if ex.started else server.failure(arrival, exc)  # started: too late for a 503
+                # Started: too late for a 503.
+                answer = None if ex.started else server.failure(arrival, exc)
                 if answer is None:
                     raise
                 await _send_answer(send, answer)
@@ -160,11 +166,12 @@ class AskonceASGIMiddleware:
             server.close(arrival)
 
     def sweep(self, loop: asyncio.AbstractEventLoop) -> _Sweep:
-        """The running requests of ``loop`` (one queue per loop, shared by every middleware on it)."""
+        """The running requests of ``loop``: one queue per loop, shared by every middleware."""
         ref, sweep = self._sweep
         if ref() is not loop or sweep is None:
             sweep = _sweep_of(loop)
-            self._sweep = (weakref.ref(loop), sweep)  # one assignment: threads with loops of their own may race
+            # One assignment: threads with loops of their own may race.
+            self._sweep = (weakref.ref(loop), sweep)
         return sweep
 
     def route(self, scope: Scope) -> str:
@@ -177,10 +184,10 @@ class AskonceASGIMiddleware:
 
 
 class _Sweep:
-    """The running requests of one event loop, in arrival order, visited by one timer (module docstring).
+    """One loop's running requests, in arrival order, visited by one timer (module docstring).
 
-    It holds the requests weakly and no handle of the loop, so that a loop stopped with requests still
-    queued (a test's) can be collected, and with it this entry of ``_sweeps``.
+    It holds the requests weakly and no handle of the loop, so that a loop stopped with requests
+    still queued (a test's) can be collected, and with it this entry of ``_sweeps``.
     """
 
     __slots__ = ("armed", "context", "due")
@@ -188,8 +195,9 @@ class _Sweep:
     def __init__(self) -> None:
         self.due: deque[tuple[float, weakref.ref[_Exchange]]] = deque()
         self.armed = False
-        # The timer runs in a context of its own, not in that of the request that happened to arm it (which it
-        # would keep alive from visit to visit); the watcher tasks it starts need none of a request's variables.
+        # The timer runs in a context of its own, not in that of the request that happened to arm it
+        # (which it would keep alive from visit to visit); the watcher tasks it starts need none of
+        # a request's variables.
         self.context = contextvars.Context()
 
     def add(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
@@ -209,7 +217,8 @@ class _Sweep:
                     exchange.visited(loop)
         finally:  # whatever happened to one request, the others are still visited
             if due:
-                loop.call_at(max(due[0][0], now + SWEEP_EVERY), self.visit, loop, context=self.context)
+                loop.call_at(max(due[0][0], now + SWEEP_EVERY), self.visit, loop,
+                             context=self.context)
             else:
                 self.armed = False
 
@@ -229,10 +238,11 @@ def _sweep_of(loop: asyncio.AbstractEventLoop) -> _Sweep:
 class _Exchange:
     """One request while the app runs: the wrapped send and receive, and the cancellation.
 
-    Most of its state is a class attribute until set: a request that answers at once sets few of them.
+    Most of its state is a class attribute until set: a request answered at once sets few of them.
     """
 
-    started = completed = running = gone = only_ours = reading = deferred = watching = timing = False
+    started = completed = running = gone = only_ours = False
+    reading = deferred = watching = timing = False
     reason: str | None = None
     replaced: Answer | None = None
     task: asyncio.Task[Any] | None = None
@@ -240,7 +250,8 @@ class _Exchange:
     pump: asyncio.Task[None] | None = None
     queue: asyncio.Queue[Message] | None = None
 
-    def __init__(self, mw: AskonceASGIMiddleware, arrival: Arrival, receive: Receive, send: Send) -> None:
+    def __init__(self, mw: AskonceASGIMiddleware, arrival: Arrival, receive: Receive,
+                 send: Send) -> None:
         self.mw = mw
         self.arrival = arrival
         self.receive_ = receive
@@ -272,10 +283,11 @@ class _Exchange:
         """The timer that cancels the handler at the propagated deadline."""
         deadline = self.arrival.deadline
         assert deadline is not None
-        self.timer = loop.call_later(max(0.0, deadline - context.monotonic()), self.cancel, "deadline")
+        self.timer = loop.call_later(max(0.0, deadline - context.monotonic()), self.cancel,
+                                     "deadline")
 
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The sweep came by: a request still running gets its deadline timer and its disconnect watcher."""
+        """The sweep came by: a running request gets its deadline timer and disconnect watcher."""
         if not self.running:
             return
         if self.timing:
@@ -305,7 +317,7 @@ class _Exchange:
         self.reason = reason
         self.task.cancel()
 
-    # --- send: the reply header, and a noted failure's 503 in place of the framework's 500 -------------
+    # --- send: the reply header, and a noted failure's 503 in place of the framework's 500 --------
 
     async def send(self, message: Message) -> None:
         if self.replaced is not None:
@@ -330,11 +342,12 @@ class _Exchange:
                     break
             else:
                 message = {**message, "headers": [*headers, (_REPLY, arrival.reply_bytes())]}
-        elif (kind == "http.response.body" and not message.get("more_body", False)) or kind == "http.response.pathsend":
+        elif ((kind == "http.response.body" and not message.get("more_body", False))
+              or kind == "http.response.pathsend"):
             self.completed = True
         await self.send_(message)
 
-    # --- receive: once the request has run a while, read ahead by one message to see a disconnect -------
+    # --- receive: once the request has run a while, read ahead one message to see a disconnect ---
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.running or self.completed or self.pump is not None:
@@ -387,7 +400,7 @@ async def _send_answer(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": answer.body})
 
 
-# --- the route template, read from a Starlette-style route table without importing Starlette ---------
+# --- the route template, read from a Starlette-style route table without importing Starlette ------
 
 
 def _routes_of(app: Any) -> list[Any] | None:
@@ -402,7 +415,10 @@ def _routes_of(app: Any) -> list[Any] | None:
 
 
 def _match(routes: list[Any], scope: Scope, prefix: str, depth: int) -> str | None:
-    """The template of the route that would serve ``scope``; a method mismatch counts if nothing else does."""
+    """The template of the route that would serve ``scope``.
+
+    A method mismatch counts if nothing else does.
+    """
     partial = None
     for route in routes:
         path = getattr(route, "path", None)
@@ -419,7 +435,8 @@ def _match(routes: list[Any], scope: Scope, prefix: str, depth: int) -> str | No
         template = prefix + path
         inner = getattr(route, "routes", None)
         if isinstance(inner, list):  # a mount: the template continues inside it
-            found = _match(inner, {**scope, **child}, template, depth + 1) if inner and depth < _MAX_DEPTH else None
+            found = (_match(inner, {**scope, **child}, template, depth + 1)
+                     if inner and depth < _MAX_DEPTH else None)
             template = found or template + "/{path:path}"
         if kind == "FULL":
             return template

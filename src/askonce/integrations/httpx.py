@@ -13,7 +13,8 @@ attempt's timeouts (``request.extensions["timeout"]``, set by the client) are ca
 ``attempt_timeout`` and by the question's remaining time. A request whose body cannot be replayed (a
 generator) is treated as non-idempotent: it is repeated only when the connection was refused.
 
-The per-target key of buckets and breakers is scheme, host and port unless ``target=`` says otherwise.
+The per-target key of buckets and breakers is scheme, host and port unless ``target=`` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ _NO_TIMEOUTS: dict[str, Any] = {}
 # Never reached the server: no connection, or no free connection in the pool.
 _REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # Sent (at least partly), no response: the server may have worked on it.
-_LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+_LOST = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
+         httpx.RemoteProtocolError)
 
 
 def default_target(request: httpx.Request) -> str:
@@ -65,7 +67,10 @@ def _judge_error(error: Exception) -> Outcome | None:
 
 
 class _Attempts:
-    """What sync and async exchanges share: the request, its original timeouts, the header per attempt."""
+    """What sync and async exchanges share.
+
+    The request, its original timeouts, the header per attempt.
+    """
 
     __slots__ = ("_capped", "_policy", "_timeouts", "_wrapped", "request", "timeout")
 
@@ -74,11 +79,13 @@ class _Attempts:
         self._policy = policy
         self._wrapped = wrapped  # the sync or async transport, per subclass
         given = request.extensions.get("timeout")
-        self._timeouts: dict[str, Any] = given if type(given) is dict else _NO_TIMEOUTS  # read, never written
+        # Only read, never written (it may be the shared _NO_TIMEOUTS).
+        self._timeouts: dict[str, Any] = given if type(given) is dict else _NO_TIMEOUTS
         read = self._timeouts.get("read")
         self.timeout: float | None = float(read) if isinstance(read, int | float) else None
         for t in self._timeouts.values():
-            if t != t:  # NaN: refused here, before the call holds any budget (the core cannot send it)
+            # NaN: refused here, before the call holds any budget (the core cannot send it).
+            if t != t:
                 raise ValueError(f"timeouts must be seconds or None, got {self._timeouts!r}")
         self._capped = False
 
@@ -87,7 +94,8 @@ class _Attempts:
         request.headers[QUESTION_HEADER] = header
         if limit is not None:
             given = self._timeouts
-            if not self._capped:  # the usual case, seconds of timeout in a question with longer to run: as it came
+            # The usual case, seconds of timeout in a question with longer to run: as it came.
+            if not self._capped:
                 for k in _TIMEOUT_KEYS:
                     t = given.get(k)
                     if t is None or t > limit:
@@ -95,13 +103,15 @@ class _Attempts:
                 else:
                     return request
             request.extensions["timeout"] = {
-                k: limit if given.get(k) is None else min(float(given[k]), limit) for k in _TIMEOUT_KEYS}
+                k: limit if given.get(k) is None else min(float(given[k]), limit)
+                for k in _TIMEOUT_KEYS}
             self._capped = True
         return request
 
     def judge(self, response: httpx.Response) -> Outcome:
         headers = response.headers
-        return judge_reply(self._policy, response.status_code, reply_from(headers.get_list(REPLY_HEADER)), headers)
+        return judge_reply(self._policy, response.status_code,
+                           reply_from(headers.get_list(REPLY_HEADER)), headers)
 
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error)
@@ -115,7 +125,7 @@ class _Exchange(_Attempts):
         return wrapped.handle_request(self.prepare(header, timeout))
 
     def discard(self, response: httpx.Response) -> None:
-        # Reading a short body lets the connection go back to the pool; a long one is cut off by closing.
+        # Reading a short body lets the connection go back to the pool; closing cuts a long one off.
         left = self._policy.max_discard
         try:
             for chunk in response.iter_raw():
@@ -154,19 +164,21 @@ def _check_target(target: object) -> None:
 
 
 def _idempotent(request: httpx.Request, policy: ClientPolicy) -> bool:
-    """Per request, ``extensions={"askonce.idempotent": True}`` (or ``False``) overrides the method."""
+    """``extensions={"askonce.idempotent": True}`` (or ``False``) overrides a request's method."""
     if not isinstance(request.stream, httpx.ByteStream):  # a generator body cannot be sent twice
         return False
     said = request.extensions.get("askonce.idempotent")
-    return said if isinstance(said, bool) else is_idempotent(policy, request.method, request.headers)
+    return (said if isinstance(said, bool)
+            else is_idempotent(policy, request.method, request.headers))
 
 
 class AskonceTransport(httpx.BaseTransport):
     """A sync transport: ``httpx.Client(transport=AskonceTransport(policy=...))``.
 
     ``wrapped``: the transport that does the I/O (``httpx.HTTPTransport()`` by default; its own
-    ``retries=`` only repeats failed connects, which never reach the server). ``target``: the per-target
-    key of a request. ``store``, ``clock``, ``sleep``, ``random``: see :class:`askonce.client.Caller`.
+    ``retries=`` only repeats failed connects, which never reach the server). ``target``: the
+    per-target key of a request. ``store``, ``clock``, ``sleep``, ``random``: see
+    :class:`askonce.client.Caller`.
     """
 
     def __init__(
@@ -181,7 +193,8 @@ class AskonceTransport(httpx.BaseTransport):
         random: Callable[[], float] | None = None,
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, httpx.BaseTransport):
-            raise ValueError(f"wrapped must be an httpx.BaseTransport, got {type(wrapped).__name__}")
+            raise ValueError("wrapped must be an httpx.BaseTransport, "
+                             f"got {type(wrapped).__name__}")
         _check_target(target)
         self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
@@ -213,7 +226,8 @@ class AsyncAskonceTransport(httpx.AsyncBaseTransport):
         random: Callable[[], float] | None = None,
     ) -> None:
         if wrapped is not None and not isinstance(wrapped, httpx.AsyncBaseTransport):
-            raise ValueError(f"wrapped must be an httpx.AsyncBaseTransport, got {type(wrapped).__name__}")
+            raise ValueError("wrapped must be an httpx.AsyncBaseTransport, "
+                             f"got {type(wrapped).__name__}")
         _check_target(target)
         self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)

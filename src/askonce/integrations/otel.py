@@ -1,12 +1,13 @@
 """OpenTelemetry: the question on spans, and W3C baggage as a second carrier.
 
 * :class:`AskonceSpanProcessor` stamps every span started while a question is bound with
-  ``askonce.key``, ``askonce.origin``, ``askonce.edge``, ``askonce.budget`` and ``askonce.path``, so a
-  trace shows which question each span served and how much budget was left when it started.
-* :func:`to_baggage` / :func:`from_baggage` move the question through OpenTelemetry baggage for stacks
-  that already propagate baggage but cannot add a header. The baggage entry holds the very same
-  ``askonce-question`` dictionary (the W3C propagator percent-encodes it), so it is parsed with the same
-  strict, bounded, clamping parser, and a malformed entry is counted like a malformed header.
+  ``askonce.key``, ``askonce.origin``, ``askonce.edge``, ``askonce.budget`` and ``askonce.path``, so
+  a trace shows which question each span served and how much budget was left when it started.
+* :func:`to_baggage` / :func:`from_baggage` move the question through OpenTelemetry baggage for
+  stacks that already propagate baggage but cannot add a header. The baggage entry holds the very
+  same ``askonce-question`` dictionary (the W3C propagator percent-encodes it), so it is parsed with
+  the same strict, bounded, clamping parser, and a malformed entry is counted like a malformed
+  header.
 
 Needs ``opentelemetry-api`` (``pip install askonce[otel]``); the processor plugs into the SDK's
 ``TracerProvider.add_span_processor``.
@@ -38,7 +39,7 @@ def attributes(q: Question) -> dict[str, Any]:
 
 
 class AskonceSpanProcessor:
-    """A span processor (duck-typed to the SDK's ``SpanProcessor``) that stamps the bound question."""
+    """A span processor (duck-typed to the SDK's ``SpanProcessor``) stamping the bound question."""
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         q = context.current()
@@ -58,7 +59,8 @@ class AskonceSpanProcessor:
         return None
 
 
-def to_baggage(ctx: otel_context.Context | None = None, *, timeout: float | None = None) -> otel_context.Context:
+def to_baggage(ctx: otel_context.Context | None = None, *,
+               timeout: float | None = None) -> otel_context.Context:
     """A context whose baggage carries the bound question (``ctx`` unchanged if none is bound)."""
     frame = context.current_frame()
     if frame is None:
@@ -67,8 +69,12 @@ def to_baggage(ctx: otel_context.Context | None = None, *, timeout: float | None
     return baggage.set_baggage(BAGGAGE_KEY, value, context=ctx)
 
 
-def from_baggage(ctx: otel_context.Context | None = None, *, limits: Limits = Limits()) -> Question | None:
-    """The question carried in baggage, parsed and clamped like a header; ``None`` if absent or malformed."""
+def from_baggage(ctx: otel_context.Context | None = None, *,
+                 limits: Limits = Limits()) -> Question | None:
+    """The question carried in baggage, parsed and clamped like a header.
+
+    ``None`` if absent or malformed.
+    """
     value = baggage.get_baggage(BAGGAGE_KEY, context=ctx)
     if not isinstance(value, str):
         return None

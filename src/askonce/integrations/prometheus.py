@@ -1,44 +1,50 @@
-"""Prometheus metrics: the ledger's figures per operation, and ``askonce.stats()``, for prometheus-client.
+"""Prometheus (prometheus-client) metrics: the ledger's figures per operation, ``askonce.stats()``.
 
 ::
 
     from prometheus_client import REGISTRY, start_http_server
     from askonce.integrations.prometheus import LedgerCollector
 
-    REGISTRY.register(LedgerCollector(ledger))     # a MemoryLedger or RedisLedger (anything with report(now))
+    # a MemoryLedger or RedisLedger (anything with report(now))
+    REGISTRY.register(LedgerCollector(ledger))
     start_http_server(9100)
 
 Every scrape reads ``ledger.report(time.time())`` and exposes (prefix ``askonce_ledger_``):
 
-==========================================  =======  =================================================
-``arrivals_total{operation,kind}``          counter  arrivals by kind: attributable, reminted, unkeyed,
-                                                     malformed (``kind="attributable"`` is the
-                                                     attributable count)
+==========================================  =======  ===============================================
+``arrivals_total{operation,kind}``          counter  arrivals by kind: attributable, reminted,
+                                                     unkeyed, malformed (``kind="attributable"`` is
+                                                     the attributable count)
 ``distinct_keys_total{operation}``          counter  distinct attributable keys, summed over windows
 ``undeclared_retries_total{operation}``     counter  repeats of a (key, path): hidden retries below
 ``retries_total{operation,layer}``          counter  arrivals whose path says ``layer`` retried
 ``reminted_total{operation,origin}``        counter  arrivals with a key ``origin`` re-minted
 ``refused_total{operation}``                counter  arrivals refused by the cap
-``cap_unenforced_total{operation}``         counter  arrivals of keys past the exact bound (not capped)
+``cap_unenforced_total{operation}``         counter  arrivals of keys past the exact bound (not
+                                                     capped)
 ``paths_untracked_total{operation}``        counter  arrivals whose path was past the tracked few
-``dropped_total{reason}``                   counter  arrivals lost before counting (buffer full, ...)
-``amplification{operation}``                gauge    attributable arrivals per distinct key, latest window
+``dropped_total{reason}``                   counter  arrivals lost before counting (buffer full,
+                                                     ...)
+``amplification{operation}``                gauge    attributable arrivals per distinct key, latest
+                                                     window
 ``coverage_ratio{operation}``               gauge    attributable / all arrivals, latest window
-``arrivals_per_key{operation,stat}``        gauge    ``p50``, ``p99``, ``max`` over keys, latest window
+``arrivals_per_key{operation,stat}``        gauge    ``p50``, ``p99``, ``max`` over keys, latest
+                                                     window
 ``approximate{operation}``                  gauge    1 if the latest window's figures are estimates
 ``report_errors_total``                     counter  scrapes whose report failed (e.g. Redis away)
-==========================================  =======  =================================================
+==========================================  =======  ===============================================
 
 and ``askonce_events_total{event}`` from ``askonce.stats()`` (malformed headers, fallbacks, drops).
 
-The ledger counts in windows and forgets old ones; counters must only grow. So the collector remembers
-each window's figures while the report shows it, and adds them to a running total when the window
-leaves the report: a counter is that total plus the windows still shown. Scrape more often than
-``window * windows_kept`` seconds or windows pass unseen. A failed report leaves the counters where they
-were (and counts the failure). Label cardinality is bounded: at most ``max_operations`` operation
-names (further ones become ``~other``), layer and origin names are bounded by the ledger's
+The ledger counts in windows and forgets old ones; counters must only grow. So the collector
+remembers each window's figures while the report shows it, and adds them to a running total when the
+window leaves the report: a counter is that total plus the windows still shown. Scrape more often
+than ``window * windows_kept`` seconds or windows pass unseen. A failed report leaves the counters
+where they were (and counts the failure). Label cardinality is bounded: at most ``max_operations``
+operation names (further ones become ``~other``), layer and origin names are bounded by the ledger's
 ``max_names``, and at most ``max_events`` event names (then ``~other``). With a :class:`RedisLedger`
-every replica reports the fleet's figures: scrape one of them, or aggregate with ``max``, not ``sum``.
+every replica reports the fleet's figures: scrape one of them, or aggregate with ``max``, not
+``sum``.
 """
 
 from __future__ import annotations
@@ -61,10 +67,13 @@ __all__ = ["LedgerCollector", "register"]
 Series = tuple[str, tuple[str, ...]]  # metric name, label values
 _PER_KEY = (("p50", "p50"), ("p99", "p99"), ("max", "max"))
 _SIMPLE = (("distinct_keys", "distinct_keys", "Distinct attributable keys (summed over windows)"),
-           ("undeclared_retries", "undeclared_retries", "Repeats of a (key, path) pair: retries nobody declared"),
+           ("undeclared_retries", "undeclared_retries",
+            "Repeats of a (key, path) pair: retries nobody declared"),
            ("refused", "refused", "Arrivals refused by the per-key cap"),
-           ("cap_unenforced", "cap_unenforced", "Arrivals of keys beyond the exact bound, not capped"),
-           ("paths_untracked", "paths_untracked", "Arrivals whose path was beyond the tracked few per key"))
+           ("cap_unenforced", "cap_unenforced",
+            "Arrivals of keys beyond the exact bound, not capped"),
+           ("paths_untracked", "paths_untracked",
+            "Arrivals whose path was beyond the tracked few per key"))
 _LABELLED = (("arrivals", "kind", "Arrivals at the target by kind"),
              ("retries", "layer", "Arrivals whose attempt path says this layer retried"),
              ("reminted", "origin", "Arrivals carrying a key re-minted by this origin"))
@@ -73,14 +82,17 @@ _LABELLED = (("arrivals", "kind", "Arrivals at the target by kind"),
 class LedgerCollector:
     """A prometheus-client collector over a ledger shell's reports; see the module docstring."""
 
-    def __init__(self, ledger: LedgerShell | None = None, *, report: Callable[[float], Report] | None = None,
-                 clock: Callable[[], float] = time.time, events: bool = True, max_operations: int = 512,
-                 max_events: int = 256, prefix: str = "askonce") -> None:
+    def __init__(self, ledger: LedgerShell | None = None, *,
+                 report: Callable[[float], Report] | None = None,
+                 clock: Callable[[], float] = time.time, events: bool = True,
+                 max_operations: int = 512, max_events: int = 256,
+                 prefix: str = "askonce") -> None:
         if (ledger is None) == (report is None):
             raise ValueError("give a ledger (with report(now)) or a report callable, not both")
         report = report if report is not None else getattr(ledger, "report", None)
         if not callable(report):
-            raise ValueError(f"ledger must have a report(now) method, or report be callable, got {ledger or report!r}")
+            raise ValueError("ledger must have a report(now) method, or report be callable, "
+                             f"got {ledger or report!r}")
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning the Unix time, got {clock!r}")
         if not isinstance(events, bool):
@@ -88,8 +100,8 @@ class LedgerCollector:
         for name, n in (("max_operations", max_operations), ("max_events", max_events)):
             if not is_int(n) or n < 1:
                 raise ValueError(f"{name} must be a positive integer, got {n!r}")
-        if not isinstance(prefix, str) or not prefix.isascii() or not prefix.replace("_", "").isalnum() or (
-                not prefix[0].isalpha()):
+        if (not isinstance(prefix, str) or not prefix.isascii()
+                or not prefix.replace("_", "").isalnum() or not prefix[0].isalpha()):
             raise ValueError(f"prefix must be a metric name prefix like 'askonce', got {prefix!r}")
         self._report: Callable[[float], Report] = report
         self._clock = clock
@@ -99,14 +111,15 @@ class LedgerCollector:
         self._p = prefix
         self._lock = threading.Lock()
         self._retired: dict[Series, float] = {}  # windows that left the report, summed
-        self._shown: dict[tuple[str, float], dict[Series, float]] = {}  # (operation, start) -> its figures
+        # (operation, start) -> its figures
+        self._shown: dict[tuple[str, float], dict[Series, float]] = {}
         self._names: set[str] = set()
         self._latest: dict[str, OperationReport] = {}
         self._dropped: dict[str, int] = {}
         self._errors = 0
 
     def describe(self) -> list[Metric]:
-        """The metric names, without reading a report (so registering touches no ledger and no Redis)."""
+        """The metric names, without reading a report: registering touches no ledger, no Redis."""
         return list(self._families({}, {}, {}, 0))
 
     def collect(self) -> Iterator[Metric]:
@@ -164,8 +177,8 @@ class LedgerCollector:
             add(("reminted", (name, origin)), n)
         return out
 
-    def _families(self, totals: dict[Series, float], latest: dict[str, OperationReport], dropped: dict[str, int],
-                  errors: int) -> Iterator[Metric]:
+    def _families(self, totals: dict[Series, float], latest: dict[str, OperationReport],
+                  dropped: dict[str, int], errors: int) -> Iterator[Metric]:
         p = f"{self._p}_ledger_"
         for metric, label, doc in _LABELLED:
             family = CounterMetricFamily(p + metric, doc, labels=["operation", label])
@@ -179,20 +192,26 @@ class LedgerCollector:
                 if m == metric:
                     family.add_metric(list(labels), v)
             yield family
-        family = CounterMetricFamily(p + "dropped", "Arrivals lost before they were counted", labels=["reason"])
+        family = CounterMetricFamily(p + "dropped", "Arrivals lost before they were counted",
+                                     labels=["reason"])
         for reason, n in sorted(dropped.items()):
             family.add_metric([reason], n)
         yield family
-        yield CounterMetricFamily(p + "report_errors", "Scrapes whose ledger report failed", value=errors)
+        yield CounterMetricFamily(p + "report_errors", "Scrapes whose ledger report failed",
+                                  value=errors)
         gauges = {
-            "amplification": GaugeMetricFamily(p + "amplification", "Attributable arrivals per distinct key, "
-                                               "latest window", labels=["operation"]),
-            "coverage": GaugeMetricFamily(p + "coverage_ratio", "Attributable share of arrivals, latest window",
-                                          labels=["operation"]),
-            "per_key": GaugeMetricFamily(p + "arrivals_per_key", "Arrivals per attributable key, latest window",
-                                         labels=["operation", "stat"]),
-            "approximate": GaugeMetricFamily(p + "approximate", "1 if the latest window's figures are estimates",
-                                             labels=["operation"]),
+            "amplification": GaugeMetricFamily(
+                p + "amplification", "Attributable arrivals per distinct key, latest window",
+                labels=["operation"]),
+            "coverage": GaugeMetricFamily(
+                p + "coverage_ratio", "Attributable share of arrivals, latest window",
+                labels=["operation"]),
+            "per_key": GaugeMetricFamily(
+                p + "arrivals_per_key", "Arrivals per attributable key, latest window",
+                labels=["operation", "stat"]),
+            "approximate": GaugeMetricFamily(
+                p + "approximate", "1 if the latest window's figures are estimates",
+                labels=["operation"]),
         }
         for name, o in sorted(latest.items()):
             if o.amplification is not None:
@@ -209,7 +228,8 @@ class LedgerCollector:
             yield self._event_family()
 
     def _event_family(self) -> Metric:
-        family = CounterMetricFamily(f"{self._p}_events", "askonce.stats(): events that must not pass silently",
+        family = CounterMetricFamily(f"{self._p}_events",
+                                     "askonce.stats(): events that must not pass silently",
                                      labels=["event"])
         folded: dict[str, int] = {}
         for i, (event, n) in enumerate(sorted(context.stats().items())):
@@ -220,8 +240,9 @@ class LedgerCollector:
         return family
 
 
-def register(ledger: LedgerShell, registry: CollectorRegistry = REGISTRY, **options: Any) -> LedgerCollector:
-    """Make a :class:`LedgerCollector` for ``ledger`` and register it (default: the global registry)."""
+def register(ledger: LedgerShell, registry: CollectorRegistry = REGISTRY,
+             **options: Any) -> LedgerCollector:
+    """Make a :class:`LedgerCollector` for ``ledger`` and register it (default: global registry)."""
     collector = LedgerCollector(ledger, **options)
     registry.register(collector)
     return collector

@@ -1,4 +1,4 @@
-"""requests: an ``HTTPAdapter`` that carries the question on every attempt and retries through askonce.
+"""requests: an ``HTTPAdapter`` carrying the question on every attempt, retrying through askonce.
 
 ::
 
@@ -8,10 +8,10 @@
 :class:`AskonceAdapter` runs each request through :class:`askonce.client.Caller` (see
 ``askonce.integrations.httpx`` for what that means). It owns retrying: urllib3's ``max_retries`` is
 fixed at ``Retry(0, read=False)`` (requests' own default), and a ``max_retries`` that would retry is
-refused with ``ValueError``, so that two retry layers never multiply silently. The ``timeout`` requests
-passes is each attempt's timeout, capped by the policy's ``attempt_timeout`` and the question's remaining
-time. A body that cannot be replayed (a file, a generator) is repeated only when the connection was
-refused.
+refused with ``ValueError``, so that two retry layers never multiply silently. The ``timeout``
+requests passes is each attempt's timeout, capped by the policy's ``attempt_timeout`` and the
+question's remaining time. A body that cannot be replayed (a file, a generator) is repeated only
+when the connection was refused.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ __all__ = ["AskonceAdapter", "default_target", "session"]
 _DEFAULT_POLICY = ClientPolicy()
 _PORTS = {"http": 80, "https": 443}
 
-TimeoutArg = float | tuple[float | None, float | None] | None  # and urllib3's Timeout, untyped in requests
+# And urllib3's Timeout, untyped in requests.
+TimeoutArg = float | tuple[float | None, float | None] | None
 
 
 def default_target(request: requests.PreparedRequest) -> str:
@@ -65,8 +66,9 @@ def _no_retries(max_retries: object) -> Retry:
     if isinstance(max_retries, Retry) and max_retries.total in (0, False):
         return Retry(0, read=False)
     raise ValueError(
-        f"AskonceAdapter retries through askonce; urllib3 retries would multiply with it (got max_retries="
-        f"{max_retries!r}). Set attempts on the ClientPolicy's RetryPolicy instead.")
+        "AskonceAdapter retries through askonce; urllib3 retries would multiply with it "
+        f"(got max_retries={max_retries!r}). Set attempts on the ClientPolicy's RetryPolicy "
+        "instead.")
 
 
 def _number(value: object) -> float | None:
@@ -74,21 +76,24 @@ def _number(value: object) -> float | None:
 
 
 def _split(timeout: object) -> tuple[float | None, float | None]:
-    """(connect, read) seconds of whatever requests accepts as a timeout; NaN is refused with ``ValueError``
-    here, before the call holds any budget."""
+    """(connect, read) seconds of whatever requests accepts as a timeout.
+
+    NaN is refused with ``ValueError`` here, before the call holds any budget.
+    """
     if timeout is None:
         return None, None
     if isinstance(timeout, tuple):
         if len(timeout) != 2:  # as requests refuses it (it would not get to see it when capped)
-            raise ValueError(f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, or a single float "
-                             "to set both timeouts to the same value.")
+            raise ValueError(f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
+                             "or a single float to set both timeouts to the same value.")
         connect, read = _number(timeout[0]), _number(timeout[1])
     elif isinstance(timeout, Timeout):
         connect, read = _number(timeout.connect_timeout), _number(timeout.read_timeout)
     else:
         connect = read = _number(timeout)
     if connect != connect or read != read:
-        raise ValueError(f"timeout must be seconds, a (connect, read) tuple or None, got {timeout!r}")
+        raise ValueError("timeout must be seconds, a (connect, read) tuple or None, "
+                         f"got {timeout!r}")
     return connect, read
 
 
@@ -99,9 +104,11 @@ def _judge_error(error: Exception) -> Outcome | None:
         return LOST_OUTCOME
     if isinstance(error, requests.ConnectionError):
         cause = error.args[0] if error.args else None
-        # With Retry(0, read=False) a failed connect arrives wrapped in MaxRetryError; errors while sending
-        # or reading (reset, disconnect) arrive bare. Whatever cannot be told apart counts as sent-and-lost.
-        if isinstance(cause, MaxRetryError) and isinstance(cause.reason, ConnectTimeoutError | ProxyError):
+        # With Retry(0, read=False) a failed connect arrives wrapped in MaxRetryError; errors while
+        # sending or reading (reset, disconnect) arrive bare. Whatever cannot be told apart counts
+        # as sent-and-lost.
+        if (isinstance(cause, MaxRetryError)
+                and isinstance(cause.reason, ConnectTimeoutError | ProxyError)):
             return REFUSED_OUTCOME
         if isinstance(cause, ClosedPoolError):
             return REFUSED_OUTCOME
@@ -112,8 +119,8 @@ def _judge_error(error: Exception) -> Outcome | None:
 class _Exchange:
     __slots__ = ("_adapter", "_connect", "_kwargs", "_timeout", "request", "timeout")
 
-    def __init__(self, adapter: AskonceAdapter, request: requests.PreparedRequest, timeout: TimeoutArg,
-                 kwargs: dict[str, Any]) -> None:
+    def __init__(self, adapter: AskonceAdapter, request: requests.PreparedRequest,
+                 timeout: TimeoutArg, kwargs: dict[str, Any]) -> None:
         self._adapter = adapter
         self.request = request
         self._timeout = timeout
@@ -136,7 +143,7 @@ class _Exchange:
         return _judge_error(error)
 
     def discard(self, response: requests.Response) -> None:
-        # Reading a short body to its end lets the connection go back to the pool; a long one is closed.
+        # Reading a short body to its end returns the connection to the pool; a long one is closed.
         left = self._adapter.caller.policy.max_discard
         try:
             for chunk in response.iter_content(16_384):
@@ -150,7 +157,7 @@ class _Exchange:
 
 
 class AskonceAdapter(HTTPAdapter):
-    """An ``HTTPAdapter`` whose ``send`` runs through askonce; mount it with ``session.mount(prefix, ...)``.
+    """An ``HTTPAdapter`` sending through askonce; mount it with ``session.mount(prefix, ...)``.
 
     ``target``: the per-target key (bucket, breaker) of a request. ``store``, ``clock``, ``sleep``,
     ``random``: see :class:`askonce.client.Caller`. Pool options are ``HTTPAdapter``'s.
@@ -175,8 +182,8 @@ class AskonceAdapter(HTTPAdapter):
             raise ValueError(f"target must be a function of the request, got {target!r}")
         self.caller = Caller(policy, store=store, clock=clock, sleep=sleep, random=random)
         self._target = target
-        super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize, max_retries=retries,
-                         pool_block=pool_block)
+        super().__init__(pool_connections=pool_connections, pool_maxsize=pool_maxsize,
+                         max_retries=retries, pool_block=pool_block)
 
     def send(
         self,
@@ -191,14 +198,16 @@ class AskonceAdapter(HTTPAdapter):
         body = request.body
         idempotent = (body is None or isinstance(body, bytes | str)) and is_idempotent(
             policy, request.method or "GET", request.headers)
-        kwargs: dict[str, Any] = {"stream": stream, "verify": verify, "cert": cert, "proxies": proxies}
+        kwargs: dict[str, Any] = {"stream": stream, "verify": verify, "cert": cert,
+                                  "proxies": proxies}
         caller = self.caller
         return caller.call(_Exchange(self, request, timeout, kwargs),
-                           target=self._target(request) if caller.per_target else "", idempotent=idempotent)
+                           target=self._target(request) if caller.per_target else "",
+                           idempotent=idempotent)
 
 
 def session(policy: ClientPolicy = _DEFAULT_POLICY, **adapter: Any) -> requests.Session:
-    """A ``requests.Session`` with an :class:`AskonceAdapter` mounted for ``http://`` and ``https://``."""
+    """A ``requests.Session`` with an :class:`AskonceAdapter` for ``http://`` and ``https://``."""
     s = requests.Session()
     mounted = AskonceAdapter(policy, **adapter)
     s.mount("http://", mounted)

@@ -5,15 +5,16 @@
     app.wsgi_app = AskonceWSGIMiddleware(app.wsgi_app, layer="svc")   # Flask
     application = AskonceWSGIMiddleware(get_wsgi_application(), layer="svc")   # Django (wsgi.py)
 
-Per request it does what :mod:`._server` decides (extract or mint, ledger, shedding, the reply, 503 for
-a give-up). The question stays bound for the app call *and* for the iteration of the response body
-(streaming views see it too): both run in one ``contextvars.Context`` made for the request.
+Per request it does what :mod:`._server` decides (extract or mint, ledger, shedding, the reply, 503
+for a give-up). The question stays bound for the app call *and* for the iteration of the response
+body (streaming views see it too): both run in one ``contextvars.Context`` made for the request.
 
 Unlike ASGI, WSGI cannot stop a handler: an arrival already past its deadline is refused before the
 app runs, but a handler that overruns its deadline runs to the end, and a client that disconnects is
-not noticed. Flask answers unhandled exceptions with its own 500 inside the app; when the wrapped app
-is a Flask app, the middleware listens to Flask's ``got_request_exception`` so that a give-up still
-becomes a 503 with the reply (other frameworks: call :func:`note_failure` from their error hook).
+not noticed. Flask answers unhandled exceptions with its own 500 inside the app; when the wrapped
+app is a Flask app, the middleware listens to Flask's ``got_request_exception`` so that a give-up
+still becomes a 503 with the reply (other frameworks: call :func:`note_failure` from their error
+hook).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 class AskonceWSGIMiddleware:
     """Bind the incoming question for each request and answer for it; see the module docstring.
 
-    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included), with
-    ``principal`` and ``operation`` called on the WSGI environ. The default operation is the method and the Flask rule
-    (``"GET /items/<int:item_id>"``) when the app is a Flask app, else the method and the path with
-    id-like segments replaced by ``{id}``.
+    Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included),
+    with ``principal`` and ``operation`` called on the WSGI environ. The default operation is the
+    method and the Flask rule (``"GET /items/<int:item_id>"``) when the app is a Flask app, else the
+    method and the path with id-like segments replaced by ``{id}``.
     """
 
     def __init__(
@@ -75,8 +76,9 @@ class AskonceWSGIMiddleware:
             raise ValueError(f"app must be a WSGI application, got {app!r}")
         self.app = app
         self.server = Server(ServerOptions(
-            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline, ledger=ledger,
-            principal=principal, operation=operation, shed_deadline=shed_deadline, edge_secret=edge_secret,
+            layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
+            ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
+            edge_secret=edge_secret,
         ))  # fmt: skip
         self._flask = _flask_of(app)
         if self._flask is not None:
@@ -86,7 +88,8 @@ class AskonceWSGIMiddleware:
         ctx = contextvars.copy_context()
         return ctx.run(self._call, ctx, environ, start_response)
 
-    def _call(self, ctx: contextvars.Context, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+    def _call(self, ctx: contextvars.Context, environ: Environ,
+              start_response: StartResponse) -> Iterable[bytes]:
         value = environ.get("HTTP_ASKONCE_QUESTION")
         arrival = self.server.enter(() if value is None else (value,), environ, self.route)
         if arrival.answer is not None:
@@ -101,18 +104,20 @@ class AskonceWSGIMiddleware:
                 raise
             # a second start_response must carry exc_info (PEP 3333); a first one need not, and some
             # servers re-raise whenever it is given
-            _replace(self.server, start_response, answer, sys.exc_info() if exchange.called else None)
+            _replace(self.server, start_response, answer,
+                     sys.exc_info() if exchange.called else None)
             return [answer.body]
         return (_SizedBody if hasattr(body, "__len__") else _Body)(ctx, body, exchange)
 
     def route(self, environ: Environ) -> str:
-        """The default operation name: the method and the Flask rule, or the path with ids as ``{id}``."""
+        """The default operation name: method and Flask rule, or the path with ids as ``{id}``."""
         method = str(environ.get("REQUEST_METHOD", "GET"))
         if self._flask is not None:
             try:
                 rule, _ = self._flask.url_map.bind_to_environ(environ).match(return_rule=True)
                 return f"{method} {rule.rule}"
-            except Exception:  # NotFound, MethodNotAllowed, RequestRedirect: no rule serves it as sent
+            except Exception:
+                # NotFound, MethodNotAllowed, RequestRedirect: no rule serves it as sent.
                 return f"{method} {UNMATCHED}"
         return path_template(method, str(environ.get("PATH_INFO", "")))
 
@@ -157,11 +162,13 @@ def _start(start_response: StartResponse, answer: Answer, exc_info: ExcInfo | No
         start_response(answer.status_line, answer.headers(), exc_info)
 
 
-def _replace(server: Server, start_response: StartResponse, answer: Answer, exc_info: ExcInfo | None) -> None:
-    """Start a give-up's 503 in place of the app's response; counted as sent only once the server took it.
+def _replace(server: Server, start_response: StartResponse, answer: Answer,
+             exc_info: ExcInfo | None) -> None:
+    """Start a give-up's 503 in place of the app's response.
 
-    A server whose headers are already out re-raises ``exc_info`` instead (PEP 3333): the response is then
-    cut as it would be without the middleware, and counted as ``server.gave-up.unsent``.
+    Counted as sent only once the server took it. A server whose headers are already out re-raises
+    ``exc_info`` instead (PEP 3333): the response is then cut as it would be without the middleware,
+    and counted as ``server.gave-up.unsent``.
     """
     try:
         _start(start_response, answer, exc_info)
@@ -174,15 +181,16 @@ def _replace(server: Server, start_response: StartResponse, answer: Answer, exc_
 class _Body:
     """The app's response body, iterated inside the request's context; replaced if its status was.
 
-    A streaming app (a generator) runs at the server's first ``next``, so a give-up may escape here rather
-    than from the app call: while the server has not sent the headers (PEP 3333: with the first non-empty
-    chunk; wsgiref sends them with an empty one too) it is still answered with the 503; after that the
-    response is cut as it would be without the middleware.
+    A streaming app (a generator) runs at the server's first ``next``, so a give-up may escape here
+    rather than from the app call: while the server has not sent the headers (PEP 3333: with the
+    first non-empty chunk; wsgiref sends them with an empty one too) it is still answered with the
+    503; after that the response is cut as it would be without the middleware.
     """
 
     __slots__ = ("_ctx", "_exchange", "_inner", "_it", "_sent", "_streamed")
 
-    def __init__(self, ctx: contextvars.Context, inner: Iterable[bytes], exchange: _Exchange) -> None:
+    def __init__(self, ctx: contextvars.Context, inner: Iterable[bytes],
+                 exchange: _Exchange) -> None:
         self._ctx = ctx
         self._inner = inner
         self._exchange = exchange
@@ -205,13 +213,15 @@ class _Body:
                 raise
             except Exception as exc:
                 server = exchange.server
-                answer = None if self._streamed else server.failure(exchange.arrival, exc, count=False)
+                answer = (None if self._streamed
+                          else server.failure(exchange.arrival, exc, count=False))
                 if answer is None:
                     raise
                 exchange.replaced = answer
-                # as in _call: exc_info only for a second start_response (the server re-raises if it already
-                # sent the headers, which the app may have done through write())
-                _replace(server, exchange.start_response_, answer, sys.exc_info() if exchange.called else None)
+                # as in _call: exc_info only for a second start_response (the server re-raises if it
+                # already sent the headers, which the app may have done through write())
+                _replace(server, exchange.start_response_, answer,
+                         sys.exc_info() if exchange.called else None)
                 self._sent = True
                 return answer.body
             replaced = exchange.replaced  # start_response may be called at the first chunk
@@ -231,15 +241,19 @@ class _Body:
 
 
 class _SizedBody(_Body):
-    """A body whose length the server can ask (PEP 3333: a one-item body lets it send a Content-Length)."""
+    """A body whose length the server can ask.
+
+    PEP 3333: a one-item body lets it send a Content-Length.
+    """
 
     __slots__ = ()
 
     def __len__(self) -> int:
-        return 1 if self._exchange.replaced is not None else len(self._inner)  # type: ignore[arg-type]
+        return (1 if self._exchange.replaced is not None
+                else len(self._inner))  # type: ignore[arg-type]
 
 
-# --- Flask, without importing it unless the app is one ----------------------------------------------
+# --- Flask, without importing it unless the app is one --------------------------------------------
 
 
 def _flask_of(app: Any) -> Any:
@@ -262,4 +276,5 @@ def _listen_to_flask(app: Any) -> None:
         from flask.signals import got_request_exception
     except ImportError:  # something Flask-like that is not Flask: no signal to listen to
         return
-    got_request_exception.connect(_flask_noted, sender=app, weak=False)  # once per app: blinker dedupes
+    # Once per app: blinker dedupes.
+    got_request_exception.connect(_flask_noted, sender=app, weak=False)

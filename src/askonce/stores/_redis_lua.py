@@ -1,11 +1,12 @@
 """What lives in Redis: the Lua scripts, the key layout, and how their answers read.
 
 Both scripts are ports of the pure core (``core.bucket.TokenBucket``, ``core.breaker.Breaker``) run
-atomically by the server on its own clock (``TIME``), so that every process sharing a target sees one
-state. Keys are ``{<prefix>:<target>}:<kind>:<policy digest>``; the ``{...}`` hash tag puts all of a
-target's keys in one Redis Cluster slot, which multi-key scripts need. The breaker's window has a key of
-its own (``...:w``): for a count window a string of one flags byte per call (``SETRANGE``), for a time
-window a hash of per-second buckets. Every script refreshes a TTL on every key it touches.
+atomically by the server on its own clock (``TIME``), so that every process sharing a target sees
+one state. Keys are ``{<prefix>:<target>}:<kind>:<policy digest>``; the ``{...}`` hash tag puts all
+of a target's keys in one Redis Cluster slot, which multi-key scripts need. The breaker's window has
+a key of its own (``...:w``): for a count window a string of one flags byte per call (``SETRANGE``),
+for a time window a hash of per-second buckets. Every script refreshes a TTL on every key it
+touches.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 
-__all__ = ["LUA_BREAKER", "LUA_BUCKET", "BreakerReply", "breaker_args", "bucket_args", "policy_digest", "target_tag"]
+__all__ = ["LUA_BREAKER", "LUA_BUCKET", "BreakerReply", "breaker_args", "bucket_args",
+           "policy_digest", "target_tag"]
 
 # KEYS[1] = bucket hash. ARGV = ratio, floor, max_tokens, deposits, take (0|1), ttl_ms[, now].
 # The same arithmetic as core.bucket.TokenBucket, on the server's clock. Returns {granted, tokens}.
-# Both scripts take an optional last ``now`` instead of TIME: only the tests pass it, to play the same
-# script against the core with an injected clock; handles never do.
+# Both scripts take an optional last ``now`` instead of TIME: only the tests pass it, to play the
+# same script against the core with an injected clock; handles never do.
 LUA_BUCKET = """
 local ratio, floor, max_e = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local n, take, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -31,7 +33,8 @@ local now = tonumber(ARGV[7]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
 local s = redis.call('HMGET', KEYS[1], 'e', 'f', 'u')
 local fcap = 0
 if floor > 0 then fcap = math.max(1, floor) end
--- Another writer may have left anything (tonumber reads 'inf' and 'nan'): keep what the core can hold.
+-- Another writer may have left anything (tonumber reads 'inf' and 'nan'):
+-- keep what the core can hold.
 local function num(x, d)
   local v = tonumber(x)
   if v == nil or v ~= v or v == math.huge or v == -math.huge then return d end
@@ -52,11 +55,11 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return {ok, string.format('%.17g', e + f)}
 """
 
-# KEYS[1] = breaker state hash, KEYS[2] = window (count: a string of one flags byte per call; time: a
-# hash of per-second buckets). ARGV = op, window, window_size, minimum_calls, failure_rate,
+# KEYS[1] = breaker state hash, KEYS[2] = window (count: a string of one flags byte per call; time:
+# a hash of per-second buckets). ARGV = op, window, window_size, minimum_calls, failure_rate,
 # slow_call_rate, slow_call_duration (< 0: not judged), open_for, half_open_probes, ttl_ms, success,
-# duration[, now]. A port of core.breaker.Breaker (same states, windows, reasons); returns
-# {state, allowed, retry_at, now, leased, old1, new1, at1, reason1, ...}. States: 0 closed 1 open 2 half.
+# duration[, now]. A port of core.breaker.Breaker (same states, windows, reasons); returns {state,
+# allowed, retry_at, now, leased, old1, new1, at1, reason1, ...}. States: 0 closed 1 open 2 half.
 LUA_BREAKER = """
 local sk, wk, op, timewin = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == 'time'
 local size, minc = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -66,9 +69,11 @@ local success, duration = ARGV[11] == '1', tonumber(ARGV[12])
 local function fmt(x) return string.format('%.6f', x) end
 local t = redis.call('TIME')
 local now = tonumber(ARGV[13]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
-local h = redis.call('HMGET', sk, 'st', 'now', 'oa', 'pa', 'ps', 'c', 'f', 's', 'nx', 'fl', 'hd', 'gen', 'ho')
--- Another writer may have left anything (tonumber reads 'inf' and 'nan'). Every clamp below is a no-op
--- on a state this script wrote; it keeps a foreign one from wedging the breaker or breaking the reply.
+local h = redis.call('HMGET', sk, 'st', 'now', 'oa', 'pa', 'ps', 'c', 'f', 's', 'nx', 'fl', 'hd',
+  'gen', 'ho')
+-- Another writer may have left anything (tonumber reads 'inf' and 'nan'). Every clamp below is a
+-- no-op on a state this script wrote; it keeps a foreign one from wedging the breaker or breaking
+-- the reply.
 local function num(x)
   local v = tonumber(x)
   if v ~= v or v == math.huge or v == -math.huge then return nil end
@@ -81,7 +86,9 @@ local oa, pa, ps = num(h[3]), num(h[4]) or 0, num(h[5]) or 0
 local calls, fails, slow = num(h[6]) or 0, num(h[7]) or 0, num(h[8]) or 0
 local nx, fl, hd = num(h[9]) or 0, num(h[10]) or 0, num(h[11])
 local gen, ho = num(h[12]) or 0, num(h[13])
-if st ~= 0 and st ~= 1 and st ~= 2 then st, calls, fails, slow, nx, fl, hd = 0, 0, 0, 0, 0, 0, nil end
+if st ~= 0 and st ~= 1 and st ~= 2 then
+  st, calls, fails, slow, nx, fl, hd = 0, 0, 0, 0, 0, 0, nil
+end
 if oa and oa > now then oa = now end
 if st == 1 and not oa then oa = now end
 if ho and ho > now then ho = now end
@@ -96,7 +103,8 @@ local moves, leased = {}, 0
 
 local function bucket(i)
   local b = redis.call('HMGET', wk, 'S' .. i, 'g' .. i, 'c' .. i, 'f' .. i, 'w' .. i)
-  return tonumber(b[1]), tonumber(b[2]), tonumber(b[3]) or 0, tonumber(b[4]) or 0, tonumber(b[5]) or 0
+  return tonumber(b[1]), tonumber(b[2]), tonumber(b[3]) or 0, tonumber(b[4]) or 0,
+    tonumber(b[5]) or 0
 end
 local function roll(sec)
   if hd ~= nil and sec <= hd then return end
@@ -105,7 +113,9 @@ local function roll(sec)
   else
     for s = hd + 1, sec do
       local bs, bg, bc, bf, bw = bucket(s % size)
-      if bg == gen and bs == s - size then calls, fails, slow = calls - bc, fails - bf, slow - bw end
+      if bg == gen and bs == s - size then
+        calls, fails, slow = calls - bc, fails - bf, slow - bw
+      end
     end
   end
   hd = sec
@@ -118,7 +128,8 @@ local function add(flags)
     local i = sec % size
     local bs, bg, bc, bf, bw = bucket(i)
     if bs ~= sec or bg ~= gen then bc, bf, bw = 0, 0, 0 end
-    redis.call('HSET', wk, 'S' .. i, sec, 'g' .. i, gen, 'c' .. i, bc + 1, 'f' .. i, bf + failed, 'w' .. i, bw + isslow)
+    redis.call('HSET', wk, 'S' .. i, sec, 'g' .. i, gen, 'c' .. i, bc + 1, 'f' .. i, bf + failed,
+      'w' .. i, bw + isslow)
   else
     if fl == size then
       local old = string.byte(redis.call('GETRANGE', wk, nx, nx)) or 0
@@ -135,7 +146,8 @@ local function reset()
   calls, fails, slow, nx, fl, gen = 0, 0, 0, 0, 0, gen + 1
 end
 local function move(new, at, reason)
-  moves[#moves + 1] = st; moves[#moves + 1] = new; moves[#moves + 1] = fmt(at); moves[#moves + 1] = reason
+  moves[#moves + 1] = st; moves[#moves + 1] = new
+  moves[#moves + 1] = fmt(at); moves[#moves + 1] = reason
   st, pa, ps = new, 0, 0
   ho = nil
   if new == 1 then oa = at; reset() elseif new == 0 then oa = nil end
@@ -151,7 +163,9 @@ if op == 'allow' then
   if st == 0 then
     allowed = 1
   elseif st == 2 then
-    if pa >= probes and ps < probes and ho and now >= ho + open_for then pa, ps, leased = 0, 0, 1 end
+    if pa >= probes and ps < probes and ho and now >= ho + open_for then
+      pa, ps, leased = 0, 0, 1
+    end
     if pa < probes then pa, ho, allowed = pa + 1, now, 1 end
   end
 elseif op == 'record' then
@@ -177,8 +191,9 @@ elseif op == 'force_open' then
 elseif op == 'force_closed' then
   if st == 0 then reset() else move(0, now, 'forced') end
 end
-redis.call('HSET', sk, 'st', st, 'now', fmt(now), 'oa', oa and fmt(oa) or '', 'pa', pa, 'ps', ps, 'c', calls,
-  'f', fails, 's', slow, 'nx', nx, 'fl', fl, 'hd', hd or '', 'gen', gen, 'ho', ho and fmt(ho) or '')
+redis.call('HSET', sk, 'st', st, 'now', fmt(now), 'oa', oa and fmt(oa) or '', 'pa', pa, 'ps', ps,
+  'c', calls, 'f', fails, 's', slow, 'nx', nx, 'fl', fl, 'hd', hd or '', 'gen', gen,
+  'ho', ho and fmt(ho) or '')
 redis.call('PEXPIRE', sk, ttl)
 redis.call('PEXPIRE', wk, ttl)
 local out = {st, allowed, (st == 1 and oa) and fmt(oa + open_for) or '', fmt(now), leased}
@@ -191,7 +206,10 @@ _MAX_TARGET = 120
 
 
 def target_tag(prefix: str, target: str) -> str:
-    """The hash-tagged key stem of a target: ``{prefix:target}``, hashed if the name could break the tag."""
+    """The hash-tagged key stem of a target: ``{prefix:target}``.
+
+    The target is hashed if its name could break the tag.
+    """
     if len(target) > _MAX_TARGET or not target.isprintable() or any(c in target for c in "{}#"):
         target = "#" + hashlib.sha1(target.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{{{prefix}:{target}}}"
@@ -202,18 +220,19 @@ def policy_digest(policy: BucketPolicy | BreakerPolicy) -> str:
 
 
 def bucket_args(policy: BucketPolicy, deposits: int, take: bool, ttl_ms: int) -> list[str]:
-    return [repr(float(policy.ratio)), repr(float(policy.floor)), repr(float(policy.max_tokens)), str(deposits),
-            "1" if take else "0", str(ttl_ms)]
+    return [repr(float(policy.ratio)), repr(float(policy.floor)), repr(float(policy.max_tokens)),
+            str(deposits), "1" if take else "0", str(ttl_ms)]
 
 
 def breaker_args(policy: BreakerPolicy, ttl: float) -> list[str]:
-    """The policy part of the breaker script's arguments; op, success and duration are added per call."""
-    # The state must outlive an open period and a time window, or a quiet fleet would forget it is open.
-    ttl_ms = int(1000 * max(ttl, 2 * policy.open_for + (policy.window_size if policy.window == "time" else 0)))
+    """The breaker script's policy arguments; op, success and duration are added per call."""
+    # The state must outlive an open period and a time window, or a quiet fleet forgets it is open.
+    ttl_ms = int(1000 * max(ttl, 2 * policy.open_for
+                            + (policy.window_size if policy.window == "time" else 0)))
     slow = -1.0 if policy.slow_call_duration is None else float(policy.slow_call_duration)
-    return [policy.window, str(policy.window_size), str(policy.minimum_calls), repr(float(policy.failure_rate)),
-            repr(float(policy.slow_call_rate)), repr(slow), repr(float(policy.open_for)),
-            str(policy.half_open_probes), str(ttl_ms)]
+    return [policy.window, str(policy.window_size), str(policy.minimum_calls),
+            repr(float(policy.failure_rate)), repr(float(policy.slow_call_rate)), repr(slow),
+            repr(float(policy.open_for)), str(policy.half_open_probes), str(ttl_ms)]
 
 
 def text(value: Any) -> str:
@@ -233,7 +252,7 @@ class BreakerReply:
         self.retry_at = float(retry_at) + offset if retry_at else None
         self.leased = int(raw[4]) == 1
         self.transitions = [
-            Transition(_STATES[int(raw[i])], _STATES[int(raw[i + 1])], float(text(raw[i + 2])) + offset,
-                       text(raw[i + 3]))
+            Transition(_STATES[int(raw[i])], _STATES[int(raw[i + 1])],
+                       float(text(raw[i + 2])) + offset, text(raw[i + 3]))
             for i in range(5, len(raw) - 3, 4)
         ]

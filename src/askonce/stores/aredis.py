@@ -1,13 +1,14 @@
-"""The Redis store for asyncio (``redis.asyncio``): the same scripts, keys and fallback as ``stores.redis``.
+"""The Redis store for asyncio (``redis.asyncio``): scripts, keys and fallback as ``stores.redis``.
 
-Satisfies ``stores.base.AsyncStore``. Every Redis call is bounded by ``asyncio.wait_for(op_timeout)``
-as well as by the client's own timeouts, so even a client you configured yourself cannot hold a caller
-for longer than ``op_timeout`` before the local fallback answers. A cancelled caller is never swallowed:
-only ``Exception`` is turned into a fallback, ``CancelledError`` propagates.
+Satisfies ``stores.base.AsyncStore``. Every Redis call is bounded by
+``asyncio.wait_for(op_timeout)`` as well as by the client's own timeouts, so even a client you
+configured yourself cannot hold a caller for longer than ``op_timeout`` before the local fallback
+answers. A cancelled caller is never swallowed: only ``Exception`` is turned into a fallback,
+``CancelledError`` propagates.
 
 ``deposit()`` stays synchronous (it is on the first-attempt path and must not await): deposits are
-counted locally and sent with the next ``withdraw``, or by a background task once ``deposit_batch`` of
-them have piled up while a loop is running.
+counted locally and sent with the next ``withdraw``, or by a background task once ``deposit_batch``
+of them have piled up while a loop is running.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class AsyncRedisBucketHandle(BucketBase):
         store = self._store
         if store.health.usable():
             try:
-                raw = await store.run(store.bucket_script(keys=self._keys, args=self._args_for(self._take(), False)))
+                raw = await store.run(store.bucket_script(
+                    keys=self._keys, args=self._args_for(self._take(), False)))
                 return float(text(raw[1]))
             except Exception as exc:
                 store.health.failed("tokens", exc)
@@ -70,7 +72,8 @@ class AsyncRedisBucketHandle(BucketBase):
     async def _send(self, n: int, take: bool, op: str) -> bool | None:
         store = self._store
         try:
-            raw = await store.run(store.bucket_script(keys=self._keys, args=self._args_for(n, take)))
+            raw = await store.run(store.bucket_script(keys=self._keys,
+                                                      args=self._args_for(n, take)))
         except Exception as exc:
             store.health.failed(op, exc)
             store.health.fallback(op)
@@ -81,7 +84,10 @@ class AsyncRedisBucketHandle(BucketBase):
 
 
 class AsyncRedisBreakerHandle(BreakerBase):
-    """Satisfies ``stores.base.AsyncBreakerHandle``: one breaker shared by every process naming the target."""
+    """Satisfies ``stores.base.AsyncBreakerHandle``.
+
+    One breaker shared by every process naming the target.
+    """
 
     __slots__ = ()
     _store: AsyncRedisStore
@@ -110,9 +116,10 @@ class AsyncRedisBreakerHandle(BreakerBase):
         health = store.health
         if health.usable():
             try:
-                raw = await store.run(store.breaker_script(keys=self._keys,
-                                                           args=self._call_args(op, success, duration)))
-                reply = BreakerReply(raw, now)  # an answer that does not read is Redis' failure, not the caller's
+                raw = await store.run(store.breaker_script(
+                    keys=self._keys, args=self._call_args(op, success, duration)))
+                # An answer that does not read is Redis' failure, not the caller's.
+                reply = BreakerReply(raw, now)
             except Exception as exc:
                 health.failed(op, exc)
             else:
@@ -123,16 +130,18 @@ class AsyncRedisBreakerHandle(BreakerBase):
 
 
 class AsyncRedisStore(StoreBase):
-    """Fleet-wide buckets and breakers in Redis (asyncio client); see ``stores.redis.RedisStore``."""
+    """Fleet-wide buckets and breakers in Redis, asyncio client; see ``stores.redis.RedisStore``."""
 
-    def __init__(self, client_or_url: str | aioredis.Redis, *, prefix: str = "askonce", op_timeout: float = 0.05,
-                 retry_after: float = 1.0, ttl: float = 3600.0, deposit_batch: int = 32,
-                 clock: Callable[[], float] = context.monotonic, max_targets: int = 4096) -> None:
+    def __init__(self, client_or_url: str | aioredis.Redis, *, prefix: str = "askonce",
+                 op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
+                 deposit_batch: int = 32, clock: Callable[[], float] = context.monotonic,
+                 max_targets: int = 4096) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)
         if isinstance(client_or_url, str):
             client_or_url = aioredis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
-                                                    socket_connect_timeout=op_timeout, retry=no_retry())
+                                                    socket_connect_timeout=op_timeout,
+                                                    retry=no_retry())
         else:
             warn_if_retrying(client_or_url)
         self.client = client_or_url
@@ -152,13 +161,13 @@ class AsyncRedisStore(StoreBase):
         task.add_done_callback(self._tasks.discard)
 
     def bucket(self, target: str, policy: BucketPolicy) -> AsyncRedisBucketHandle:
-        handle: AsyncRedisBucketHandle = self._handle("bucket", target, policy,
-                                                      lambda: AsyncRedisBucketHandle(self, target, policy))
+        handle: AsyncRedisBucketHandle = self._handle(
+            "bucket", target, policy, lambda: AsyncRedisBucketHandle(self, target, policy))
         return handle
 
     def breaker(self, target: str, policy: BreakerPolicy) -> AsyncRedisBreakerHandle:
-        handle: AsyncRedisBreakerHandle = self._handle("breaker", target, policy,
-                                                       lambda: AsyncRedisBreakerHandle(self, target, policy))
+        handle: AsyncRedisBreakerHandle = self._handle(
+            "breaker", target, policy, lambda: AsyncRedisBreakerHandle(self, target, policy))
         return handle
 
     async def aclose(self) -> None:

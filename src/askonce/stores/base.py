@@ -1,11 +1,12 @@
 """The state-store interface: where per-target retry buckets and circuit breakers live.
 
-A store hands out *handles* per target. Handles of the in-memory store are process-local; those of the
-Redis store are shared by every process that names the same target. The retry shells and integrations
-only ever talk to these protocols, so swapping the store changes nothing else.
+A store hands out *handles* per target. Handles of the in-memory store are process-local; those of
+the Redis store are shared by every process that names the same target. The retry shells and
+integrations only ever talk to these protocols, so swapping the store changes nothing else.
 
-``now`` is the caller's monotonic clock. A store that shares state across hosts may use its own clock
-instead (Redis ``TIME``), since monotonic clocks of different processes do not agree; handles say so.
+``now`` is the caller's monotonic clock. A store that shares state across hosts may use its own
+clock instead (Redis ``TIME``), since monotonic clocks of different processes do not agree; handles
+say so.
 
 A store must never let its own failure reach user code: a shared store that cannot answer within its
 time bound falls back to local state and counts the fallback (``askonce.stats()``).
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # the breaker module costs milliseconds at import; users of buckets alone never need it
+# Annotations only: users of buckets alone never need the breaker module, slow to import.
+if TYPE_CHECKING:
     from askonce.core.breaker import BreakerPolicy, State
     from askonce.core.bucket import BucketPolicy
 

@@ -1,21 +1,21 @@
 """The in-memory store: per-target retry token buckets and circuit breakers shared by this process.
 
 Deposits (one per first attempt) take no lock: a deposit lost to a thread race only makes the bucket
-more conservative. Withdrawals, which decide whether a retry happens, are made under a lock, and so is
-every breaker operation (the core breaker holds no lock of its own). The number of targets is bounded;
-past it the least recently created bucket or breaker is dropped (counted as ``store.memory.evicted``),
-so a caller that keys by unbounded names cannot grow memory without end.
+more conservative. Withdrawals, which decide whether a retry happens, are made under a lock, and so
+is every breaker operation (the core breaker holds no lock of its own). The number of targets is
+bounded; past it the least recently created bucket or breaker is dropped (counted as
+``store.memory.evicted``), so a caller that keys by unbounded names cannot grow memory without end.
 
-A breaker handle reports its state changes to listeners (``add_listener``); they run after the lock is
-released, so a listener may call back into the breaker, and a listener that raises is counted
+A breaker handle reports its state changes to listeners (``add_listener``); they run after the lock
+is released, so a listener may call back into the breaker, and a listener that raises is counted
 (``breaker.listener.error``), never passed on to the call that happened to cause the change.
 
 A breaker's hot path, a fast success while the breaker is quiet (``Breaker.quiet_until``: closed and
-settled, so that one more success cannot change its state), takes no lock either, and loses nothing: it
-ticks an ``itertools.count``, whose ``next()`` is one C call and so atomic under the GIL (``+=`` on an
-attribute is not, in principle). Every locked operation first folds the successes counted since the
-previous one into the core breaker (``record_successes``), so the core sees every call, in order with
-the failures. An open breaker refuses calls without the lock too, until its ``retry_at``.
+settled, so that one more success cannot change its state), takes no lock either, and loses nothing:
+it ticks an ``itertools.count``, whose ``next()`` is one C call and so atomic under the GIL (``+=``
+on an attribute is not, in principle). Every locked operation first folds the successes counted
+since the previous one into the core breaker (``record_successes``), so the core sees every call, in
+order with the failures. An open breaker refuses calls without the lock too, until its ``retry_at``.
 """
 
 from __future__ import annotations
@@ -77,24 +77,25 @@ def notify(listeners: tuple[Listener, ...], target: str, transitions: list[Trans
 class BreakerHandle:
     """One target's circuit breaker, serialised by a lock of its own.
 
-    Satisfies ``stores.base.BreakerHandle``. The common calls take no lock: ``allow`` on a closed breaker
-    (admitted) or on an open one before its ``open_for`` has passed (refused), ``record`` of a fast
-    success on a quiet breaker (deferred), and ``retry_at``. Every locked operation folds the deferred
-    successes in first (``_fold``) and ends in ``_settle``, which publishes what the lock-free paths read
-    (``_seen``, ``_quiet_until``, ``_refuse_until``) before the lock is released. A lock-free path that
-    reads them just before another thread changes the breaker acts as if it had run just before; a
-    success deferred so is folded in later, like a locked record that lost the race for the lock (the
-    core ignores it in OPEN and takes it for a straggler or a probe in HALF_OPEN, as it would).
+    Satisfies ``stores.base.BreakerHandle``. The common calls take no lock: ``allow`` on a closed
+    breaker (admitted) or on an open one before its ``open_for`` has passed (refused), ``record`` of
+    a fast success on a quiet breaker (deferred), and ``retry_at``. Every locked operation folds the
+    deferred successes in first (``_fold``) and ends in ``_settle``, which publishes what the
+    lock-free paths read (``_seen``, ``_quiet_until``, ``_refuse_until``) before the lock is
+    released. A lock-free path that reads them just before another thread changes the breaker acts
+    as if it had run just before; a success deferred so is folded in later, like a locked record
+    that lost the race for the lock (the core ignores it in OPEN and takes it for a straggler or a
+    probe in HALF_OPEN, as it would).
 
     Transitions are drained when the state differs from the last one seen: an operation that changed
-    anything ends in another state than it started in (an open-elapsed tick ends half-open, and nothing
-    it can do next reverts that; a fold only adds successes, which can close a half-open breaker or open
-    a closed one, never both). ``force_open`` can go open -> half-open -> open in one call, so the rarely
-    used ``_run`` operations always drain.
+    anything ends in another state than it started in (an open-elapsed tick ends half-open, and
+    nothing it can do next reverts that; a fold only adds successes, which can close a half-open
+    breaker or open a closed one, never both). ``force_open`` can go open -> half-open -> open in
+    one call, so the rarely used ``_run`` operations always drain.
     """
 
-    __slots__ = ("_breaker", "_listeners", "_lock", "_mark", "_quiet_until", "_refuse_until", "_seen", "_slow",
-                 "_tally", "policy", "target")
+    __slots__ = ("_breaker", "_listeners", "_lock", "_mark", "_quiet_until", "_refuse_until",
+                 "_seen", "_slow", "_tally", "policy", "target")
 
     def __init__(self, target: str, policy: BreakerPolicy) -> None:
         self.target = target
@@ -106,7 +107,7 @@ class BreakerHandle:
         self._quiet_until = _NEVER  # a fast success before this time cannot change the state
         self._refuse_until = _NEVER  # open: a call before this time is refused
         self._slow = math.inf if policy.slow_call_duration is None else policy.slow_call_duration
-        # Lock-free successes take numbers from the counter; each fold takes one too, so the successes
+        # Lock-free successes take numbers from the counter, and so does each fold: the successes
         # since the last fold are the numbers strictly between the two (no read-and-reset race).
         self._tally = itertools.count().__next__
         self._mark = -1
@@ -121,16 +122,16 @@ class BreakerHandle:
             self._listeners = tuple(x for x in self._listeners if x != listener)
 
     def _fold(self) -> None:
-        """Under the lock: hand the core the successes counted without it, at the latest time it saw."""
+        """Under the lock: give the core the lock-free successes, at the latest time it saw."""
         mark = self._tally()
         n = mark - self._mark - 1
         self._mark = mark
-        # A deferred success needs a quiet breaker, and a quiet breaker has seen a time: `at` is set.
+        # A deferred success needs a quiet breaker, which has seen a time: `at` is set.
         if n and (at := self._breaker.now) is not None:
             self._breaker.record_successes(at, n)
 
     def _settle(self, drain: bool = False) -> list[Transition] | None:
-        """Under the lock, after an operation: publish the state; the transitions to report, if any."""
+        """Under the lock, after an op: publish the state; the transitions to report, if any."""
         breaker = self._breaker
         state = breaker.state
         if state is _CLOSED:
@@ -158,8 +159,8 @@ class BreakerHandle:
 
     def record(self, now: float, *, success: bool, duration: float = 0.0) -> None:
         if success and now < self._quiet_until and duration < self._slow:
-            # The next locked operation folds it in. A NaN time or duration fails a comparison and goes
-            # to the core, which refuses a NaN time.
+            # The next locked operation folds it in. A NaN time or duration fails a comparison and
+            # goes to the core, which refuses a NaN time.
             self._tally()
             return
         with self._lock:
@@ -187,7 +188,7 @@ class BreakerHandle:
             notify(self._listeners, self.target, moved)
 
     def retry_at(self) -> float | None:
-        """As the core said after the last locked operation (the core's answer changes only under it)."""
+        """As the core said after the last locked operation (its answer changes only under it)."""
         refuse_until = self._refuse_until
         return None if refuse_until == _NEVER else refuse_until
 
@@ -212,7 +213,10 @@ class BreakerHandle:
 
 
 class MemoryStore:
-    """Process-local state: satisfies ``stores.base.Store``. ``clock`` gives a new bucket its start time."""
+    """Process-local state: satisfies ``stores.base.Store``.
+
+    ``clock`` gives a new bucket its start time.
+    """
 
     def __init__(self, clock: Callable[[], float], max_targets: int = 4096) -> None:
         if max_targets < 1:
@@ -228,8 +232,9 @@ class MemoryStore:
         handle = self._buckets.get(key)
         if handle is not None:
             return handle
-        return self._add(self._buckets, key, lambda: BucketHandle(target, TokenBucket(policy, self._clock()),
-                                                                   self._lock))
+        return self._add(self._buckets, key,
+                         lambda: BucketHandle(target, TokenBucket(policy, self._clock()),
+                                              self._lock))
 
     def breaker(self, target: str, policy: BreakerPolicy) -> BreakerHandle:
         key = (target, policy)

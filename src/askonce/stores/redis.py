@@ -1,34 +1,36 @@
-"""The Redis store: one retry token bucket and one circuit breaker per target, shared by a whole fleet.
+"""The Redis store: one retry token bucket and one circuit breaker per target, shared by a fleet.
 
-Every operation is one Lua script (``LUA_BUCKET``, ``LUA_BREAKER``: atomic on the server),
-so N processes naming the same target share one budget and one breaker. Keys look like
-``{askonce:<target>}:breaker:<policy digest>``: the hash tag keeps a target's keys in one Redis Cluster
-slot, the digest keeps processes that disagree about a policy from misreading each other's state, and
-every key gets a TTL (``ttl`` seconds, refreshed on use) so nothing grows without bound.
+Every operation is one Lua script (``LUA_BUCKET``, ``LUA_BREAKER``: atomic on the server), so N
+processes naming the same target share one budget and one breaker. Keys look like
+``{askonce:<target>}:breaker:<policy digest>``: the hash tag keeps a target's keys in one Redis
+Cluster slot, the digest keeps processes that disagree about a policy from misreading each other's
+state, and every key gets a TTL (``ttl`` seconds, refreshed on use) so nothing grows without bound.
 
-Time inside the scripts is the Redis server's ``TIME``: monotonic clocks of different processes do not
-agree, so shared state must not mix them. Handles convert what they return (``retry_at``, transition
-times) to the caller's clock by the offset between the caller's ``now`` and the server time of the same
-call. A server clock that steps backwards is treated like the core treats a racy ``now``: the latest
-time seen is kept.
+Time inside the scripts is the Redis server's ``TIME``: monotonic clocks of different processes do
+not agree, so shared state must not mix them. Handles convert what they return (``retry_at``,
+transition times) to the caller's clock by the offset between the caller's ``now`` and the server
+time of the same call. A server clock that steps backwards is treated like the core treats a racy
+``now``: the latest time seen is kept.
 
-Failure of the store is not failure of the service. Clients built from a URL get ``op_timeout`` (50 ms)
-connect and read timeouts and no client-side retries; on any error the operation is answered by a
-local in-memory bucket or breaker for the same target (``askonce.stats()``: ``store.redis.fallback``,
-``store.redis.fallback.<op>``, ``store.redis.error.<timeout|connection|response|other>``), Redis is left
-alone for ``retry_after`` seconds (store-wide, so one outage costs one timeout, not one per target), and
-the next operation after that tries Redis again (``store.redis.resumed`` when it answers). A client you
-pass in keeps its own timeouts and retries: give it ``socket_timeout``/``socket_connect_timeout`` and
+Failure of the store is not failure of the service. Clients built from a URL get ``op_timeout``
+(50 ms) connect and read timeouts and no client-side retries; on any error the operation is answered
+by a local in-memory bucket or breaker for the same target (``askonce.stats()``:
+``store.redis.fallback``, ``store.redis.fallback.<op>``,
+``store.redis.error.<timeout|connection|response|other>``), Redis is left alone for ``retry_after``
+seconds (store-wide, so one outage costs one timeout, not one per target), and the next operation
+after that tries Redis again (``store.redis.resumed`` when it answers). A client you pass in keeps
+its own timeouts and retries: give it ``socket_timeout``/``socket_connect_timeout`` and
 ``retry=Retry(NoBackoff(), 0)``, or the fallback waits for them.
 
-Deposits are counted locally and sent with the next withdrawal or every ``deposit_batch`` deposits: one
-round trip per retry decision instead of one per request (``docs/benchmarks.md ("Breakers and Redis")``). Batching only
-delays earned tokens, it never invents them.
+Deposits are counted locally and sent with the next withdrawal or every ``deposit_batch`` deposits:
+one round trip per retry decision instead of one per request
+(``docs/benchmarks.md ("Breakers and Redis")``). Batching only delays earned tokens, it never
+invents them.
 
-A breaker's half-open probes are leased: a process that dies holding a probe would otherwise keep the
-fleet's breaker half-open for ever, so when every probe slot is taken and no verdict has come for
-``open_for`` seconds since the last probe was let through, the slots are handed out afresh (counted as
-``breaker.probe-lease-expired``).
+A breaker's half-open probes are leased: a process that dies holding a probe would otherwise keep
+the fleet's breaker half-open for ever, so when every probe slot is taken and no verdict has come
+for ``open_for`` seconds since the last probe was let through, the slots are handed out afresh
+(counted as ``breaker.probe-lease-expired``).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def error_reason(exc: BaseException) -> str:
 
 
 class Health:
-    """Store-wide: is Redis to be asked now, or left alone for ``retry_after`` seconds after a failure?"""
+    """Store-wide: may Redis be asked now, or is it left alone after a failure (``retry_after``)?"""
 
     def __init__(self, clock: Callable[[], float], retry_after: float) -> None:
         self._clock = clock
@@ -99,7 +101,8 @@ class Health:
             self._down_until = self._clock() + self._retry_after
         if first:
             count("store.redis.down")
-            log.warning("askonce: Redis store unavailable (%s on %s: %r); using local state", reason, op, exc)
+            log.warning("askonce: Redis store unavailable (%s on %s: %r); using local state",
+                        reason, op, exc)
 
     def fallback(self, op: str) -> None:
         count("store.redis.fallback")
@@ -115,9 +118,12 @@ class Health:
 
 
 
-def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float, deposit_batch: int) -> None:
-    if not isinstance(prefix, str) or not prefix or not prefix.isprintable() or any(c in prefix for c in "{}"):
-        raise ValueError(f"prefix must be a non-empty printable name without braces, got {prefix!r}")
+def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float,
+                  deposit_batch: int) -> None:
+    if (not isinstance(prefix, str) or not prefix or not prefix.isprintable()
+            or any(c in prefix for c in "{}")):
+        raise ValueError("prefix must be a non-empty printable name without braces, "
+                         f"got {prefix!r}")
     for name, value in (("op_timeout", op_timeout), ("retry_after", retry_after), ("ttl", ttl)):
         if not is_real(value):
             raise ValueError(f"{name} must be seconds (an int or a float), got {value!r}")
@@ -132,7 +138,7 @@ def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float
 
 
 def no_retry() -> Retry:
-    """Client-side retries would stretch a 50 ms bound into seconds; the store falls back instead."""
+    """Client-side retries would stretch ``op_timeout`` into seconds; the store falls back."""
     return Retry(NoBackoff(), 0)
 
 
@@ -142,11 +148,12 @@ def warn_if_retrying(client: object) -> None:
     retry = get_retry() if callable(get_retry) else None
     retries = getattr(retry, "get_retries", lambda: 0)()
     if isinstance(retries, int) and retries > 0:
-        log.warning("askonce: the Redis client retries %d times; while Redis is down each store operation waits "
-                    "for them before falling back (pass a URL, or retry=Retry(NoBackoff(), 0))", retries)
+        log.warning("askonce: the Redis client retries %d times; while Redis is down each store "
+                    "operation waits for them before falling back (pass a URL, or "
+                    "retry=Retry(NoBackoff(), 0))", retries)
 
 
-# --- handles: the parts sync and asyncio share ------------------------------------------------------
+# --- handles: the parts sync and asyncio share ----------------------------------------------------
 
 
 class BucketBase:
@@ -184,8 +191,8 @@ class BucketBase:
         return args
 
     def _to_local(self, n: int) -> MemoryBucketHandle:
-        # Deposits Redis did not take earn tokens locally instead, so the fallback is not stingier than
-        # a memory store; they are not sent again, so Redis never counts them twice.
+        # Deposits Redis did not take earn tokens locally instead, so the fallback is not stingier
+        # than a memory store; they are not sent again, so Redis never counts them twice.
         local = self._local()
         for _ in range(n):
             local.deposit()
@@ -193,8 +200,8 @@ class BucketBase:
 
 
 class BreakerBase:
-    __slots__ = ("_args", "_fallback", "_keys", "_listeners", "_lock", "_retry_at", "_seen", "_store", "policy",
-                 "target")
+    __slots__ = ("_args", "_fallback", "_keys", "_listeners", "_lock", "_retry_at", "_seen",
+                 "_store", "policy", "target")
 
     def __init__(self, store: StoreBase, target: str, policy: BreakerPolicy) -> None:
         self._store = store
@@ -224,7 +231,8 @@ class BreakerBase:
     def _call_args(self, op: str, success: bool, duration: float) -> list[str]:
         return [op, *self._args, "1" if success else "0", repr(float(duration))]
 
-    def _observe(self, state: State, retry_at: float | None, moved: list[Transition], now: float) -> None:
+    def _observe(self, state: State, retry_at: float | None, moved: list[Transition],
+                 now: float) -> None:
         """Remember what the shared (or local) breaker said; tell listeners what changed."""
         with self._lock:
             seen, self._seen, self._retry_at = self._seen, state, retry_at
@@ -250,7 +258,8 @@ class BreakerBase:
 
     def _forward(self, target: str, transition: Transition) -> None:
         local = self._fallback
-        self._observe(transition.new, None if local is None else local.retry_at(), [transition], transition.at)
+        self._observe(transition.new, None if local is None else local.retry_at(), [transition],
+                      transition.at)
 
     def _local_op(self, op: str, now: float, success: bool, duration: float) -> bool:
         local = self._local()
@@ -265,7 +274,7 @@ class BreakerBase:
             local.force_open(now)
         elif op == "force_closed":
             local.force_closed(now)
-        # Moving from the shared view to the local one is a change listeners should see ("observed").
+        # Listeners see the move from the shared view to the local one as a change ("observed").
         self._observe(local.state(now), local.retry_at(), [], now)
         return allowed
 
@@ -273,8 +282,8 @@ class BreakerBase:
 class StoreBase:
     """Options, health and handle caches shared by ``RedisStore`` and ``AsyncRedisStore``."""
 
-    def __init__(self, *, prefix: str, op_timeout: float, retry_after: float, ttl: float, deposit_batch: int,
-                 clock: Callable[[], float], max_targets: int) -> None:
+    def __init__(self, *, prefix: str, op_timeout: float, retry_after: float, ttl: float,
+                 deposit_batch: int, clock: Callable[[], float], max_targets: int) -> None:
         check_options(prefix, op_timeout, retry_after, ttl, deposit_batch)
         if max_targets < 1:
             raise ValueError("max_targets must be at least 1")
@@ -303,7 +312,7 @@ class StoreBase:
         return handle
 
 
-# --- the sync store ---------------------------------------------------------------------------------
+# --- the sync store -------------------------------------------------------------------------------
 
 
 class RedisBucketHandle(BucketBase):
@@ -329,10 +338,14 @@ class RedisBucketHandle(BucketBase):
         return granted if granted is not None else self._local().withdraw(now)
 
     def tokens(self, now: float) -> float:
-        """Tokens left (earned plus floor), flushing pending deposits; local ones while Redis is away."""
+        """Tokens left (earned plus floor), flushing pending deposits.
+
+        While Redis is away, the local bucket's tokens.
+        """
         if self._store.health.usable():
             try:
-                raw = self._store.bucket_script(keys=self._keys, args=self._args_for(self._take(), False))
+                raw = self._store.bucket_script(keys=self._keys,
+                                                args=self._args_for(self._take(), False))
                 return float(text(raw[1]))
             except Exception as exc:
                 self._store.health.failed("tokens", exc)
@@ -352,7 +365,10 @@ class RedisBucketHandle(BucketBase):
 
 
 class RedisBreakerHandle(BreakerBase):
-    """Satisfies ``stores.base.BreakerHandle``: one breaker shared by every process naming the target."""
+    """Satisfies ``stores.base.BreakerHandle``.
+
+    One breaker shared by every process naming the target.
+    """
 
     __slots__ = ()
     _store: RedisStore
@@ -380,8 +396,10 @@ class RedisBreakerHandle(BreakerBase):
         health = self._store.health
         if health.usable():
             try:
-                raw = self._store.breaker_script(keys=self._keys, args=self._call_args(op, success, duration))
-                reply = BreakerReply(raw, now)  # an answer that does not read is Redis' failure, not the caller's
+                raw = self._store.breaker_script(keys=self._keys,
+                                                 args=self._call_args(op, success, duration))
+                # An answer that does not read is Redis' failure, not the caller's.
+                reply = BreakerReply(raw, now)
             except Exception as exc:
                 health.failed(op, exc)
             else:
@@ -394,19 +412,21 @@ class RedisBreakerHandle(BreakerBase):
 class RedisStore(StoreBase):
     """Fleet-wide buckets and breakers in Redis (sync client); satisfies ``stores.base.Store``.
 
-    ``client_or_url``: a ``redis://`` URL (the store builds a client with ``op_timeout`` timeouts and no
-    retries) or a ``redis.Redis`` you configured. ``clock`` is the caller's monotonic clock, used for the
-    back-off and for local fallback state.
+    ``client_or_url``: a ``redis://`` URL (the store builds a client with ``op_timeout`` timeouts
+    and no retries) or a ``redis.Redis`` you configured. ``clock`` is the caller's monotonic clock,
+    used for the back-off and for local fallback state.
     """
 
-    def __init__(self, client_or_url: str | redis.Redis, *, prefix: str = "askonce", op_timeout: float = 0.05,
-                 retry_after: float = 1.0, ttl: float = 3600.0, deposit_batch: int = 32,
-                 clock: Callable[[], float] = context.monotonic, max_targets: int = 4096) -> None:
+    def __init__(self, client_or_url: str | redis.Redis, *, prefix: str = "askonce",
+                 op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
+                 deposit_batch: int = 32, clock: Callable[[], float] = context.monotonic,
+                 max_targets: int = 4096) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)
         if isinstance(client_or_url, str):
             client_or_url = redis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
-                                                 socket_connect_timeout=op_timeout, retry=no_retry())
+                                                 socket_connect_timeout=op_timeout,
+                                                 retry=no_retry())
         else:
             warn_if_retrying(client_or_url)
         self.client = client_or_url
