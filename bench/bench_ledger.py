@@ -37,11 +37,11 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # redis_server.py, test_ledger.m
 
 import redis  # noqa: E402
 
-from askonce.audit import LogFormat, audit_file  # noqa: E402
 from askonce.core import wire  # noqa: E402
 from askonce.core.ledger import Ledger, LedgerPolicy  # noqa: E402
 from askonce.core.question import Hop  # noqa: E402
-from askonce.ledger_store import MemoryLedger, RedisLedger  # noqa: E402
+from askonce.ledger.audit import LogFormat, audit_file  # noqa: E402
+from askonce.ledger.store import MemoryLedger, RedisLedger  # noqa: E402
 from ledger_memory import measure_bytes_per_key  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 

@@ -1,7 +1,7 @@
 """What ``@askonce.retry`` costs per call, against tenacity, stamina and backoff in the same run.
 
 Scenarios, sync and async: (a) the call succeeds at once; (b) it fails twice and then succeeds, every
-library configured for zero waits (askonce ``backoff=askonce.NO_WAIT``; tenacity ``wait_none()``; stamina
+library configured for zero waits (askonce ``backoff=NO_WAIT``; tenacity ``wait_none()``; stamina
 ``wait_initial=wait_max=wait_jitter=0``; backoff ``constant, interval=0, jitter=None``), 3 attempts each.
 The overhead of a library is the time of a decorated call minus the time of the same work done bare
 (one plain call; for (b) a plain ``for``/``try`` loop of three calls), measured in the same round;
@@ -38,6 +38,7 @@ import stamina
 import tenacity
 
 import askonce
+from askonce.core.backoff import NO_WAIT
 
 ATTEMPTS = 3
 ON = ConnectionError
@@ -119,7 +120,7 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 def decorators() -> dict[str, Decorator]:
     """Each library set up for 3 attempts on ConnectionError with zero waits."""
     return {
-        "askonce": askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench", backoff=askonce.NO_WAIT),
+        "askonce": askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench", backoff=NO_WAIT),
         "tenacity": tenacity.retry(stop=tenacity.stop_after_attempt(ATTEMPTS), wait=tenacity.wait_none(),
                                    retry=tenacity.retry_if_exception_type(ON), reraise=True),
         "stamina": stamina.retry(on=ON, attempts=ATTEMPTS, wait_initial=0, wait_max=0, wait_jitter=0),
@@ -131,10 +132,10 @@ def decorators() -> dict[str, Decorator]:
 # needs two retries is throttled by design. For (b) askonce runs with a bucket that earns 10 tokens a
 # request (the full path, bucket included) and with no bucket.
 FLAKY_ASKONCE: dict[str, Callable[[], askonce.retry]] = {
-    "askonce": lambda: askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench", backoff=askonce.NO_WAIT,
+    "askonce": lambda: askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench", backoff=NO_WAIT,
                                      bucket=askonce.BucketPolicy(ratio=10.0)),
     "askonce, bucket=None": lambda: askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench",
-                                                  backoff=askonce.NO_WAIT, bucket=None),
+                                                  backoff=NO_WAIT, bucket=None),
 }
 
 
@@ -306,7 +307,7 @@ def count_sleeps(loop: asyncio.AbstractEventLoop, calls: int = 200) -> list[tupl
     async def asleep(s: float) -> None:
         injected.append(s)
 
-    for label, wait in (("askonce, injected sleep, NO_WAIT", askonce.NO_WAIT),
+    for label, wait in (("askonce, injected sleep, NO_WAIT", NO_WAIT),
                         ("control: askonce, injected sleep, 1 us waits",
                          askonce.Backoff(base=1e-6, cap=1e-6, jitter=False))):
         injected.clear()
@@ -389,7 +390,7 @@ def primitives() -> list[tuple[str, str, float]]:
     call without the operation) is subtracted, so C calls and Python calls are measured alike. The
     line is found by searching the source of ``_sync_wrapper`` from ``def call(`` on.
     """
-    from askonce.context import _frame
+    from askonce._context import FRAME as _frame
     from askonce.core.question import Account, Hop, Tab
     from askonce.stores.memory import MemoryStore
 
@@ -424,7 +425,7 @@ def primitives() -> list[tuple[str, str, float]]:
         ("`ContextVar.get()`", "get()", lambda: get(), nothing),
         ("`Account(budget)`", "Account(", lambda: Account(2), nothing),
         ("`Tab(None, layer, originator, Account(budget), deadline, minter)`, Account included", "Tab(",
-         lambda: Tab(None, "bench", False, Account(2), 30.0, askonce.new_key), nothing),
+         lambda: Tab(None, "bench", False, Account(2), 30.0, askonce.propagation.new_key), nothing),
         ("`clock()` (time.monotonic)", "clock()", lambda: time.monotonic(), nothing),
         ("`bucket.deposit()`", "deposit()", lambda: handle.deposit(), nothing),
         ("`(tab, path + first)`: tuple concat and the frame tuple", "path + first", lambda: (tab, path + first),

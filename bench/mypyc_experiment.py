@@ -73,8 +73,9 @@ q, lim = QUESTION.encode(), wire.Limits()
 parse = min(timeit.repeat(lambda: wire.parse_frame(q, 1000.0, lim), number=20000, repeat=5)) / 20000 * 1e6
 print(compiled, bare, mw, parse)
 """
-TESTS = ["tests/test_wire.py", "tests/test_wire_caches.py", "tests/test_asgi.py", "tests/test_client.py",
-         "tests/test_wsgi.py", "tests/test_httpx.py", "tests/test_requests.py", "tests/test_exports.py"]
+TESTS = ["tests/core/test_wire.py", "tests/core/test_wire_caches.py", "tests/integrations/test_asgi.py",
+         "tests/client/test_caller.py", "tests/integrations/test_wsgi.py", "tests/integrations/test_httpx.py",
+         "tests/integrations/test_requests.py", "tests/client/test_exports.py"]
 
 
 def build(tree: Path) -> None:

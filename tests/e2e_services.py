@@ -290,7 +290,7 @@ class Edge:
             return Answer(key, self.client.get(url, headers=headers).status_code, None)
         with askonce.question(budget=budget, deadline=20.0, key=key):
             r = self.client.get(url, headers=headers)
-        return Answer(key, r.status_code, askonce.extract_reply(r.headers))
+        return Answer(key, r.status_code, askonce.propagation.extract_reply(r.headers))
 
     def close(self) -> None:
         self.client.close()

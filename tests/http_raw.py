@@ -7,9 +7,9 @@ import contextlib
 import socket
 import threading
 
-import askonce
 from askonce import Reply
 from askonce.core import wire
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 
 
 class Canned:
@@ -82,7 +82,7 @@ class Response:
 
     @property
     def reply(self) -> Reply:
-        (value,) = self.all(askonce.REPLY_HEADER)
+        (value,) = self.all(REPLY_HEADER)
         parsed = wire.parse_reply(value)
         assert isinstance(parsed, Reply), (value, parsed)
         return parsed
@@ -117,4 +117,4 @@ def raw(url: str, path: str = "/ok", headers: bytes = b"", method: bytes = b"GET
 
 def q(text: str | bytes) -> bytes:
     value = text.encode("ascii") if isinstance(text, str) else text
-    return askonce.QUESTION_HEADER.encode() + b": " + value + b"\r\n"
+    return QUESTION_HEADER.encode() + b": " + value + b"\r\n"

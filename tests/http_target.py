@@ -26,8 +26,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import askonce
-from askonce import NO_WAIT, Question, Reply, RetryPolicy
+from askonce import Question, Reply, RetryPolicy
 from askonce.client import LOST_OUTCOME, REFUSED_OUTCOME, Caller, ClientPolicy, Outcome, judge_http
+from askonce.core.backoff import NO_WAIT
 from askonce.core.wire import REPLY_HEADER, format_reply
 
 
@@ -85,7 +86,7 @@ class Target:
             h.rfile.readline()
         url = urlsplit(h.path)
         kind, _, arg = url.path.strip("/").partition("/")
-        q = askonce.extract(h.headers)
+        q = askonce.propagation.extract(h.headers)
         key = None if q is None else q.key
         with self.lock:
             self.arrivals[key] += 1

@@ -10,24 +10,13 @@ a retry happens, so a question costs at most ``1 + budget`` arrivals however dee
 
 from typing import TYPE_CHECKING
 
-from askonce.context import (
-    bind,
-    current,
-    extract,
-    extract_reply,
-    fanout,
-    inject,
-    new_key,
-    outgoing,
-    question,
-    serve,
-    stats,
-)
-from askonce.core.backoff import NO_WAIT, Backoff
+from askonce._context import current
+from askonce._stats import stats
+from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
-from askonce.core.question import Hop, Question
-from askonce.core.retry import Failure, RetryPolicy
-from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, Limits, Reply
+from askonce.core.question import Question
+from askonce.core.retry import RetryPolicy
+from askonce.core.wire import Limits, Reply
 from askonce.errors import (
     AskonceError,
     BudgetExhausted,
@@ -35,18 +24,17 @@ from askonce.errors import (
     DeadlineExceeded,
     DoNotRetry,
     GaveUp,
-    MalformedContext,
     RetryThrottled,
 )
+from askonce.propagation import fanout, outgoing, question, serve
 from askonce.retrying import retry
 
 if TYPE_CHECKING:
-    from askonce.breakers import BreakerRegistry
     from askonce.core.breaker import BreakerPolicy
 
 __version__ = "0.1.0"
 
-_LAZY = {"BreakerPolicy": "askonce.core.breaker", "BreakerRegistry": "askonce.breakers"}
+_LAZY = {"BreakerPolicy": "askonce.core.breaker"}
 
 
 def __getattr__(name: str) -> object:
@@ -61,35 +49,23 @@ def __getattr__(name: str) -> object:
     return value
 
 __all__ = [
-    "NO_WAIT",
-    "QUESTION_HEADER",
-    "REPLY_HEADER",
     "AskonceError",
     "Backoff",
     "BreakerPolicy",
-    "BreakerRegistry",
     "BucketPolicy",
     "BudgetExhausted",
     "CircuitOpen",
     "DeadlineExceeded",
     "DoNotRetry",
-    "Failure",
     "GaveUp",
-    "Hop",
     "Limits",
-    "MalformedContext",
     "Question",
     "Reply",
     "RetryPolicy",
     "RetryThrottled",
     "__version__",
-    "bind",
     "current",
-    "extract",
-    "extract_reply",
     "fanout",
-    "inject",
-    "new_key",
     "outgoing",
     "question",
     "retry",

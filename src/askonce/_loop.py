@@ -23,7 +23,7 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from askonce.context import _frame
+from askonce._context import FRAME
 
 if TYPE_CHECKING:
     from askonce.core.breaker import Breaker
@@ -290,12 +290,12 @@ class AttemptContext:
             self.next = await aadvance(self._pass._loop, tried, self._pass._sleep)
 
     def __enter__(self) -> AttemptContext:
-        self._token = _frame.set(self.frame)
+        self._token = FRAME.set(self.frame)
         return self
 
     def _exit(self, exc: BaseException | None) -> Tried:
         if self._token is not None:
-            _frame.reset(self._token)
+            FRAME.reset(self._token)
             self._token = None
         return ANSWER if exc is None else self._pass._judge(exc)
 

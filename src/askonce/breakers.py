@@ -38,15 +38,17 @@ from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
 from weakref import WeakKeyDictionary
 
-from askonce import context
+from askonce import _context, _stats
 from askonce._loop import ATTEMPT, IO, Step, aadvance, advance, no_sleep
-from askonce.context import count
+from askonce._stats import count
 from askonce.core import is_int
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.wire import Reply
-from askonce.errors import CircuitOpen, reply_of
+from askonce.errors import CircuitOpen
+from askonce.stores import default_store
 from askonce.stores.base import AsyncBreakerHandle, AsyncStore, BreakerHandle, Store
 from askonce.stores.memory import Listener, MemoryStore
+from askonce.verdict import is_failure
 
 __all__ = [
     "AsyncBreakerRegistry",
@@ -63,33 +65,12 @@ __all__ = [
 _DEFAULT_POLICY = BreakerPolicy()
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def _status(exc: BaseException) -> int | None:
-    # httpx.HTTPStatusError and requests.HTTPError carry .response.status_code; others .status_code.
-    for holder in (exc, getattr(exc, "response", None)):
-        status = getattr(holder, "status_code", None)
-        if is_int(status):
-            return status
-    return None
-
-
-def is_failure(exc: BaseException) -> bool:
-    """Does this exception count against the target's health? ``False``: no verdict, release."""
-    if not isinstance(exc, Exception):  # cancelled, interrupted: says nothing about the target
-        return False
-    reply = reply_of(exc)
-    if reply is not None and reply.dnr:
-        return reply.reason == "overloaded"
-    status = _status(exc)
-    if status is not None and 400 <= status < 500:
-        return status in (408, 429)
-    return True
+H = TypeVar("H", BreakerHandle, AsyncBreakerHandle)
 
 
 def open_error(target: str, now: float, retry_at: float | None) -> CircuitOpen:
     """The error for a call an open breaker refused, with the reply the caller passes upstream."""
-    frame = context.current_frame()
+    frame = _context.current_frame()
     left = frame[0].account.left if frame is not None else 0
     key = frame[0].key if frame is not None else None
     layer = frame[1][-1].layer if frame is not None and frame[1] else target
@@ -156,18 +137,25 @@ class _Guard:
         await aadvance(self._loop, exc, no_sleep)
 
 
-class CircuitBreaker:
-    """One target's breaker over a sync store handle (memory or Redis)."""
+class _Breaker(Generic[H]):
+    """What the sync and the async breaker share: the target, its store handle, the judge."""
 
     __slots__ = ("clock", "handle", "is_failure", "policy", "target")
+    handle: H
 
-    def __init__(self, target: str, handle: BreakerHandle, policy: BreakerPolicy, *,
+    def __init__(self, target: str, handle: H, policy: BreakerPolicy, *,
                  clock: Callable[[], float], is_failure: Callable[[BaseException], bool]) -> None:
         self.target = target
         self.handle = handle
         self.policy = policy
         self.clock = clock
         self.is_failure = is_failure
+
+
+class CircuitBreaker(_Breaker[BreakerHandle]):
+    """One target's breaker over a sync store handle (memory or Redis)."""
+
+    __slots__ = ()
 
     def guard(self, now: float | None = None) -> _Guard:
         """``with breaker.guard(): call()``: raises ``CircuitOpen`` while open, records the
@@ -197,18 +185,10 @@ class CircuitBreaker:
         return self.handle.retry_at()
 
 
-class AsyncCircuitBreaker:
+class AsyncCircuitBreaker(_Breaker[AsyncBreakerHandle]):
     """One target's breaker over an asyncio store handle (``AsyncRedisStore``)."""
 
-    __slots__ = ("clock", "handle", "is_failure", "policy", "target")
-
-    def __init__(self, target: str, handle: AsyncBreakerHandle, policy: BreakerPolicy, *,
-                 clock: Callable[[], float], is_failure: Callable[[BaseException], bool]) -> None:
-        self.target = target
-        self.handle = handle
-        self.policy = policy
-        self.clock = clock
-        self.is_failure = is_failure
+    __slots__ = ()
 
     def guard(self, now: float | None = None) -> _Guard:
         """``async with breaker.guard(): await call()``."""
@@ -246,7 +226,7 @@ class _Registry(Generic[B]):
         if not callable(is_failure):
             raise ValueError(f"is_failure must be callable, got {is_failure!r}")
         self.policy = policy
-        self.clock = clock or context.monotonic
+        self.clock = clock or _stats.monotonic
         self.is_failure = is_failure
         self._max = max_targets
         self._lock = threading.Lock()
@@ -352,6 +332,4 @@ def registry_for(store: Store) -> BreakerRegistry:
 
 def default_registry() -> BreakerRegistry:
     """The registry of ``@askonce.retry``'s default in-memory store."""
-    from askonce.retrying import default_store  # not at the top: retrying may import this module
-
     return registry_for(default_store())

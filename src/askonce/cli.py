@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_simulate(sub)
 
-    from askonce.ledger_cli import add_audit_parser, add_report_parser
+    from askonce.ledger.cli import add_audit_parser, add_report_parser
 
     add_report_parser(sub)
     add_audit_parser(sub)

@@ -3,13 +3,12 @@
 ::
 
     AskonceError
-    ├── GaveUp               a layer stopped trying; .reply is what it tells its caller
+    ├── GaveUp               a layer stopped trying; .askonce_reply: what it tells its caller
     │   ├── BudgetExhausted  the question's retry budget is spent (reason "exhausted")
     │   ├── DeadlineExceeded no attempt could finish before the deadline (reason "deadline")
     │   ├── DoNotRetry       a callee said do-not-retry (overloaded, cap, ...): passed on
     │   ├── RetryThrottled   this client's retry token bucket for the target is empty
     │   └── CircuitOpen      the target's breaker is open; .retry_at: when it probes again
-    └── MalformedContext     a strict parse of a header failed (lenient paths count)
 
 A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent)
 re-raises the original exception instead, with the reply attached as ``exc.askonce_reply``
@@ -28,10 +27,6 @@ class AskonceError(Exception):
     """The base of every error askonce raises."""
 
 
-class MalformedContext(AskonceError, ValueError):
-    """A header could not be parsed by a strict API (``parse_question(..., strict=True)``)."""
-
-
 class GaveUp(AskonceError):
     """A layer stopped retrying a question and returns the failure."""
 
@@ -40,16 +35,12 @@ class GaveUp(AskonceError):
     def __init__(self, message: str, *, reply: Reply, layer: str, key: str | None,
                  attempts: int) -> None:
         super().__init__(message)
-        self.reply = reply
+        # The one spelling of a reply on any exception, ours or a foreign one (``attach_reply``).
+        self.askonce_reply = reply
         self.reason = reply.reason
         self.layer = layer
         self.key = key
         self.attempts = attempts
-
-    @property
-    def askonce_reply(self) -> Reply:
-        """The reply for the caller; every carrier of a reply spells it this way."""
-        return self.reply
 
 
 class BudgetExhausted(GaveUp):

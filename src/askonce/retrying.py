@@ -23,16 +23,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from askonce import context
+from askonce import _stats, propagation
+from askonce._context import FRAME
 from askonce._loop import AttemptContext, Pass, Tried, judge_with, steps
-from askonce.context import _frame
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
 from askonce.core.question import Account, Frame, Hop, Tab
 from askonce.core.retry import RetryPolicy, RetryState, fits
 from askonce.core.wire import valid_name
 from askonce.errors import failure_of
+from askonce.stores import default_store
 from askonce.stores.base import BreakerHandle, BucketHandle, Store
+from askonce.verdict import is_failure
 
 if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
     from askonce.core.breaker import BreakerPolicy
@@ -45,19 +47,6 @@ _UNSET: Any = object()  # an argument not given: RetryPolicy's default, and poli
 OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 DEFAULT_BUCKET = BucketPolicy()
-
-_store: Store | None = None
-
-
-def default_store() -> Store:
-    """The process-wide in-memory store (made, and its module imported, on first use)."""
-    global _store
-    if _store is None:
-        from askonce.stores.memory import MemoryStore
-
-        _store = MemoryStore(context.monotonic)
-    return _store
-
 
 _ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicate"
 
@@ -145,7 +134,7 @@ class retry:  # spelled like a function: it is used as a decorator
         self._breaker_handle: BreakerHandle | None = None
         self._target = target
         self._store = store
-        self._clock = clock or context.monotonic
+        self._clock = clock or _stats.monotonic
         self._sleep = sleep
         self._random = random or _random.random
         self._handle: BucketHandle | None = None
@@ -172,7 +161,7 @@ class retry:  # spelled like a function: it is used as a decorator
         return handle
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
-        frame = _frame.get()
+        frame = FRAME.get()
         if frame is not None:
             return frame
         return self._mint(layer), ()
@@ -182,7 +171,7 @@ class retry:  # spelled like a function: it is used as a decorator
         p = self.policy
         deadline = None if p.deadline is None else self._clock() + p.deadline
         return Tab(None, layer, self.originator, Account(p.budget), deadline,
-                   minter=context.new_key)
+                   minter=propagation.new_key)
 
     # --- the decorator ----------------------------------------------------------------------------
 
@@ -213,8 +202,6 @@ class retry:  # spelled like a function: it is used as a decorator
         breaker = self._breaker(layer)
         judge_breaker: Callable[[BaseException], bool] | None = None
         if breaker is not None:
-            from askonce.breakers import is_failure
-
             judge_breaker = is_failure
         state = RetryState(self.policy, frame[0], layer, bucket is not None)
         loop = steps(state, clock=self._clock, random=self._random, bucket=bucket, breaker=breaker,
@@ -236,7 +223,7 @@ class retry:  # spelled like a function: it is used as a decorator
         whether the full loop must judge the first attempt (a breaker is set, or a bound deadline
         passed)."""
         clock, policy, mint = self._clock, self.policy, self._mint
-        get, guarded = _frame.get, self._breaker_policy is not None
+        get, guarded = FRAME.get, self._breaker_policy is not None
 
         def prepare() -> tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]:
             frame = get()
@@ -258,7 +245,7 @@ class retry:  # spelled like a function: it is used as a decorator
     def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
         sleep = self._sleep or time.sleep
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
-        set_, reset = _frame.set, _frame.reset
+        set_, reset = FRAME.set, FRAME.reset
 
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -289,7 +276,7 @@ class retry:  # spelled like a function: it is used as a decorator
 
         sleep = self._sleep or asyncio.sleep
         matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
-        set_, reset = _frame.set, _frame.reset
+        set_, reset = FRAME.set, FRAME.reset
 
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:

@@ -61,7 +61,7 @@ def test_failures_are_counted_until_the_breaker_opens_then_fn_is_not_called() ->
         b.call(called.append, 1)
     assert called == []
     err = info.value
-    assert err.retry_at == 105.0 and err.reply == Reply(0, True, "breaker-open", 5.0)
+    assert err.retry_at == 105.0 and err.askonce_reply == Reply(0, True, "breaker-open", 5.0)
     assert isinstance(err, askonce.GaveUp)
 
 
@@ -72,7 +72,7 @@ def test_a_refusal_inside_a_question_carries_its_budget() -> None:
     clock.now += 2.0
     with askonce.question(budget=3) as q, pytest.raises(CircuitOpen) as info:
         b.call(lambda: None)
-    assert info.value.reply == Reply(3, True, "breaker-open", 3.0) and info.value.key == q.key
+    assert info.value.askonce_reply == Reply(3, True, "breaker-open", 3.0) and info.value.key == q.key
 
 
 def test_the_clients_own_errors_are_no_verdict_and_free_the_probe() -> None:
@@ -150,7 +150,7 @@ def _run(b: CircuitBreaker, clock: Clock, via_call: bool, outcome: str, took: fl
             with b.guard():
                 result = fn()
     except CircuitOpen as exc:
-        return ("open", exc.retry_at, exc.reply)
+        return ("open", exc.retry_at, exc.askonce_reply)
     except (ConnectionError, ClientError, KeyboardInterrupt) as exc:
         return ("raised", type(exc))
     return ("returned", result)
@@ -215,8 +215,8 @@ async def test_async_call_counts_failures_refuses_when_open_and_ignores_client_e
 
         with pytest.raises(CircuitOpen) as info:
             await b.call(record)
-        assert called == [] and info.value.retry_at is not None and info.value.reply is not None
-        assert info.value.reply.dnr and info.value.reply.reason == "breaker-open"
+        assert called == [] and info.value.retry_at is not None and info.value.askonce_reply is not None
+        assert info.value.askonce_reply.dnr and info.value.askonce_reply.reason == "breaker-open"
     finally:
         await store.aclose()
 

@@ -47,7 +47,7 @@ def test_guard_opens_on_failures_and_then_refuses_with_circuit_open() -> None:
     assert calls == 0
     err = info.value
     assert err.retry_at == 105.0 and err.reason == "breaker-open"
-    assert err.reply == Reply(0, True, "breaker-open", 5.0)
+    assert err.askonce_reply == Reply(0, True, "breaker-open", 5.0)
     assert isinstance(err, askonce.GaveUp)
 
 
@@ -58,7 +58,7 @@ def test_circuit_open_inside_a_question_passes_its_budget_and_key_upstream() -> 
     clock.now += 2.0
     with askonce.question(budget=3) as q, pytest.raises(CircuitOpen) as info, reg.get("svc").guard():
         pass
-    assert info.value.reply == Reply(3, True, "breaker-open", 3.0)
+    assert info.value.askonce_reply == Reply(3, True, "breaker-open", 3.0)
     assert info.value.key == q.key
 
 

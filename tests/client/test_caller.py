@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 import askonce
-from askonce import NO_WAIT, Question, Reply, RetryPolicy, context
+from askonce import Question, Reply, RetryPolicy, _context
 from askonce.client import Caller, ClientPolicy, Outcome, judge_http, last_reply, replies
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.question import Account, Tab
 from askonce.core.wire import REPLY_HEADER, format_reply
@@ -65,7 +66,7 @@ def test_refused_gives_up_with_the_original_error_and_spends_only_our_own_retrie
 def test_no_first_attempt_past_the_deadline(target: Target) -> None:
     now = [0.0]
     with askonce.question(budget=2, deadline=1.0):
-        now[0] = 10.0 + askonce.context.monotonic()
+        now[0] = 10.0 + askonce._stats.monotonic()
         with pytest.raises(askonce.DeadlineExceeded):
             call(policy(), target.url("/ok"), clock=lambda: now[0])
     assert target.total == 0
@@ -109,7 +110,7 @@ def test_an_open_breaker_refuses_the_call_without_an_arrival(target: Target) -> 
     with askonce.question(budget=1), pytest.raises(askonce.CircuitOpen) as info:
         call(p, target.url("/ok"), store=store, clock=lambda: 1.0)
     assert target.total == 2
-    assert info.value.retry_at == 30.0 and info.value.reply.reason == "breaker-open"
+    assert info.value.retry_at == 30.0 and info.value.askonce_reply.reason == "breaker-open"
 
 
 def test_a_breaker_needs_a_store_that_has_breakers() -> None:
@@ -240,8 +241,8 @@ def test_a_call_whose_header_cannot_be_built_gives_back_what_it_held(policy: Cli
     if policy.breaker is not None:  # half-open with one probe slot: a slot not given back refuses the next call
         store.breaker("t", policy.breaker).force_open(0.0)
     caller = Caller(policy, store=store, clock=lambda: 2.0)
-    # bound as a server binds it (context.bind would mint the key at once)
-    token = context._frame.set((Tab(None, "api", False, account, None, minter=_minter), ()))
+    # bound as a server binds it (propagation.bind would mint the key at once)
+    token = _context.FRAME.set((Tab(None, "api", False, account, None, minter=_minter), ()))
     try:
         for _ in range(2):
             with pytest.raises(RuntimeError, match="no key today"):
@@ -249,5 +250,5 @@ def test_a_call_whose_header_cannot_be_built_gives_back_what_it_held(policy: Cli
             if policy.breaker is not None:  # the probe's slot was handed back: the next call may probe again
                 assert store.breaker("t", policy.breaker).snapshot()["probes_admitted"] == 0
     finally:
-        context._frame.reset(token)
+        _context.FRAME.reset(token)
     assert account.left == 3

@@ -20,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import askonce
-from askonce import NO_WAIT, Reply, RetryPolicy
+from askonce import Reply, RetryPolicy
 from askonce.client import ClientPolicy
+from askonce.core.backoff import NO_WAIT
 from askonce.core.question import Account, Tab
 from askonce.core.retry import (
     ANSWERED,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import askonce
+import askonce.breakers
 from askonce import BreakerPolicy, BucketPolicy, CircuitOpen, RetryThrottled
 from askonce.client import REFUSED_OUTCOME, Caller, ClientPolicy, Outcome
 from askonce.stores.aredis import AsyncRedisStore
@@ -129,7 +130,7 @@ def async_forms(store: AsyncRedisStore,
 
 
 def _give_up(exc: BaseException) -> tuple[type[BaseException], bool, str | None]:
-    reply = exc.reply  # type: ignore[attr-defined]
+    reply = exc.askonce_reply  # type: ignore[attr-defined]
     return type(exc), reply.dnr, reply.reason
 
 
@@ -213,7 +214,7 @@ def test_sync_forms_refuse_an_async_store_before_the_body_runs(shared_redis: Red
 
 
 def test_the_iterator_releases_the_breaker_slot_of_an_attempt_it_never_ran() -> None:
-    registry = askonce.BreakerRegistry()
+    registry = askonce.breakers.BreakerRegistry()
     store = registry.store
     one_probe = BreakerPolicy(window_size=1, minimum_calls=1, open_for=0.001, half_open_probes=1)
     handle = store.breaker(TARGET, one_probe)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import askonce
-from askonce import context
+from askonce import _context, propagation
 from askonce.core.question import Account, Tab
 
 
@@ -30,17 +30,17 @@ def test_current_is_none_outside_and_bound_inside() -> None:
 
 def test_inject_extract_round_trip_and_serve_replies() -> None:
     headers: dict[str, str] = {}
-    assert not askonce.inject(headers)
+    assert not askonce.propagation.inject(headers)
     with askonce.question(budget=2, deadline=10.0) as q:
-        assert askonce.inject(headers, timeout=1.0)
-    got = askonce.extract(headers)
+        assert askonce.propagation.inject(headers, timeout=1.0)
+    got = askonce.propagation.extract(headers)
     assert got is not None and got.key == q.key and got.budget == 2
     assert got.deadline is not None
 
 
 def test_malformed_headers_are_counted_not_raised() -> None:
     before = askonce.stats().get("malformed.question.version", 0)
-    assert askonce.extract({"askonce-question": "v=9, b=1"}) is None
+    assert askonce.propagation.extract({"askonce-question": "v=9, b=1"}) is None
     assert askonce.stats()["malformed.question.version"] == before + 1
 
 
@@ -49,10 +49,10 @@ def test_outgoing_gives_back_what_it_held_when_the_header_cannot_be_built(bad: s
     account = Account(3)
     tab = Tab(None, "api", False, account, None, minter=_minter) if bad == "minter" else Tab(
         "k" * 26, "api", False, account, None)
-    token = context._frame.set((tab, ()))
+    token = _context.FRAME.set((tab, ()))
     try:
         with pytest.raises((RuntimeError, TypeError)):
-            context.outgoing({}, timeout="5" if bad == "timeout" else None)  # type: ignore[arg-type]
+            propagation.outgoing({}, timeout="5" if bad == "timeout" else None)  # type: ignore[arg-type]
     finally:
-        context._frame.reset(token)
+        _context.FRAME.reset(token)
     assert account.left == 3

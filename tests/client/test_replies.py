@@ -58,14 +58,14 @@ def test_replies_sees_give_ups_made_in_threads_started_inside(target: Target) ->
 
 
 def test_replies_read_through_the_cache_are_what_the_parser_says() -> None:
-    from askonce import context
+    from askonce import propagation
     from askonce.client import read_reply, reply_from
 
     values = ["v=1, b=2", "v=1, b=0, dnr, r=overloaded, pb=250", b"v=1, b=7", "v=1, b=1, dnr, r=cap"]
     for _ in range(2):  # the second time from the cache
         for value in values:
-            assert read_reply({REPLY_HEADER: value}) == context.extract_reply({REPLY_HEADER: value})
-            assert reply_from([value]) == context.extract_reply({REPLY_HEADER: value})
+            assert read_reply({REPLY_HEADER: value}) == propagation.extract_reply({REPLY_HEADER: value})
+            assert reply_from([value]) == propagation.extract_reply({REPLY_HEADER: value})
     assert reply_from([]) is None and read_reply({}) is None
 
 
@@ -85,7 +85,7 @@ def test_a_malformed_reply_is_counted_every_time_never_cached(values: list[str],
 
 
 def test_the_reply_cache_is_bounded() -> None:
-    from askonce.client_policy import _MAX_CACHED_REPLIES, _REPLIES, reply_from
+    from askonce.client.policy import _MAX_CACHED_REPLIES, _REPLIES, reply_from
 
     for budget in range(1000):
         assert reply_from([f"v=1, b={budget}, pb={budget}"]) == Reply(budget, False, None, budget / 1000)

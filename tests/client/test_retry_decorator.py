@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 import askonce
-from askonce import NO_WAIT
+from askonce.core.backoff import NO_WAIT
+from askonce.core.question import Hop
 
 
 class Target:
@@ -22,7 +23,7 @@ class Target:
         self.fail_first = fail_first
         self.exc = exc
         self.keys: list[str | None] = []
-        self.paths: list[tuple[askonce.Hop, ...]] = []
+        self.paths: list[tuple[Hop, ...]] = []
 
     def __call__(self) -> str:
         self.calls += 1
@@ -61,7 +62,7 @@ def test_three_nested_layers_cost_one_plus_budget_where_plain_loops_cost_27() ->
         stack()
     assert target.calls == 3
     assert isinstance(info.value.__cause__, ConnectionError)
-    assert info.value.reply.dnr and info.value.reply.reason == "exhausted"
+    assert info.value.askonce_reply.dnr and info.value.askonce_reply.reason == "exhausted"
     assert len(set(target.keys)) == 1  # one question key on every attempt
 
 
@@ -281,8 +282,8 @@ def test_breaker_opens_and_then_no_call_reaches_the_target() -> None:
         fn()  # the fourth failure fills the window and opens the breaker: the retry is refused
     calls = target.calls
     assert calls == 4
-    assert info.value.reply.dnr and info.value.reply.reason == "breaker-open"
-    assert info.value.retry_at == 10.0 and info.value.reply.pushback == pytest.approx(10.0)
+    assert info.value.askonce_reply.dnr and info.value.askonce_reply.reason == "breaker-open"
+    assert info.value.retry_at == 10.0 and info.value.askonce_reply.pushback == pytest.approx(10.0)
     with askonce.question(budget=5), pytest.raises(askonce.CircuitOpen):
         fn()
     assert target.calls == calls  # refused at once: the target saw nothing more

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import askonce
-from askonce import signing
+from askonce.core import signing
+from askonce.core.question import Hop
 from askonce.core.wire import Malformed, format_question, parse_question
 
 SECRET = b"0123456789abcdef0123"
@@ -26,7 +27,7 @@ def test_a_signed_key_survives_three_hops_and_verifies_at_the_target() -> None:
     assert q.sig == signing.mac(q.key, SECRET)
     for layer in ("gw", "api", "svc"):
         headers = _hop(headers, layer)
-    arrived = askonce.extract(headers)
+    arrived = askonce.propagation.extract(headers)
     assert arrived is not None and arrived.key == q.key
     assert signing.verify_key(arrived.key, arrived.sig, SECRET)
     assert signing.verify(headers["askonce-question"], SECRET)
@@ -37,7 +38,7 @@ def test_without_a_secret_nothing_is_signed_and_a_forged_edge_does_not_verify() 
     headers: dict[str, str] = {}
     with askonce.question(budget=2), askonce.outgoing(headers):
         pass
-    arrived = askonce.extract(headers)
+    arrived = askonce.propagation.extract(headers)
     assert arrived is not None and arrived.edge and arrived.sig is None
     assert not signing.verify_key(arrived.key, arrived.sig, SECRET)
 
@@ -55,7 +56,7 @@ def test_an_originator_server_signs_what_it_mints() -> None:
 
 @pytest.mark.parametrize("sig", [b"x" * 65, b""])
 def test_signature_bounds(sig: bytes) -> None:
-    key = askonce.new_key()
+    key = askonce.propagation.new_key()
     text = format_question(key, "edge", True, 1, None, (), None) + (", s=::" if not sig else "")
     if sig:
         import base64
@@ -67,8 +68,8 @@ def test_signature_bounds(sig: bytes) -> None:
 def test_signed_header_takes_the_fast_path_and_agrees_with_the_general_parser() -> None:
     from askonce.core import wire
 
-    key = askonce.new_key()
-    text = format_question(key, "edge", True, 1, 2.0, (askonce.Hop("edge", 1),), signing.mac(key, SECRET))
+    key = askonce.propagation.new_key()
+    text = format_question(key, "edge", True, 1, 2.0, (Hop("edge", 1),), signing.mac(key, SECRET))
     fields = wire._canonical(text, 0.0, askonce.Limits())
     fast = None if fields is None else askonce.Question(*fields)
     assert fast is not None and fast == wire._parse_question_general(text, 0.0, askonce.Limits())

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from askonce.core.ledger import OTHER, Kind, Ledger, LedgerPolicy, OperationReport, Report
-from askonce.ledger_store import MemoryLedger
+from askonce.ledger.store import MemoryLedger
 from ledger_memory import measure_bytes_per_key
 
 Path = tuple[tuple[str, int], ...]

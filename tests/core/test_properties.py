@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import askonce
-from askonce import NO_WAIT
+from askonce.core.backoff import NO_WAIT
 from askonce.core.wire import format_reply
 
 
@@ -48,7 +48,7 @@ class WireError(ConnectionError):
     pass
 
 
-def _wire_outcome(world: World, call: askonce.outgoing, serving: askonce.context.Serving,
+def _wire_outcome(world: World, call: askonce.outgoing, serving: askonce.propagation.Serving,
                   error: BaseException | None, result: str | None) -> str:
     """What the client side sees of a call that the server handled: the reply travels as a header."""
     if world.rng.random() < world.lost_rate:
@@ -75,7 +75,7 @@ def build_sync(world: World, kinds: list[str], fanout: int) -> Callable[[], str]
                         exc = WireError("refused")
                         exc.askonce_reached = False  # type: ignore[attr-defined]
                         raise exc
-                    with askonce.context.serve(headers, layer=f"srv{level}") as serving:
+                    with askonce.propagation.serve(headers, layer=f"srv{level}") as serving:
                         try:
                             result, error = inner(), None
                         except Exception as e:
@@ -116,7 +116,7 @@ def build_async(world: World, kinds: list[str], fanout: int) -> Callable[[], Awa
                         exc = WireError("refused")
                         exc.askonce_reached = False  # type: ignore[attr-defined]
                         raise exc
-                    with askonce.context.serve(headers, layer=f"srv{level}") as serving:
+                    with askonce.propagation.serve(headers, layer=f"srv{level}") as serving:
                         try:
                             result, error = await inner(), None
                         except Exception as e:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from askonce.core import wire
 from askonce.core.ledger import Ledger
 from askonce.core.question import Hop
-from askonce.signing import sign, sign_header, verify, verify_edge, verify_key
+from askonce.core.signing import sign, sign_header, verify, verify_edge, verify_key
 
 SECRET = b"0123456789abcdef0123"
 OLD = "an older secret, rotated out"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from askonce.core.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.sketch import Frequent, HyperLogLog, digest64
 
 DIGEST_TENANT_KEY = 0x456D5445B36A7D0D  # blake2b, 8 bytes, person "askonce"
 

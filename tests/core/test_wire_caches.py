@@ -1,6 +1,6 @@
 """The hot path's shortcuts agree with the plain code they replace, and their caches stay bounded.
 
-* ``wire.parse_frame`` is ``parse_question`` then ``context.tab_from``, without the ``Question``;
+* ``wire.parse_frame`` is ``parse_question`` then ``propagation.tab_from``, without the ``Question``;
 * the canonical parse reads a path text's hops from a cache (``wire._PATHS``), ``format_question`` a
   path's text (``wire._PATH_TEXTS``): both are keyed by what callers send, so both are bounded, and a
   warm cache must give what a cold one gives;
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from askonce import context
+from askonce import propagation
 from askonce.core import question as qmod
 from askonce.core import wire
 from askonce.core.question import Account, Hop, Tab, mint_key
@@ -59,7 +59,7 @@ def _via_question(text: str | bytes, now: float, lim: Limits) -> object:
     q = parse_question(text, now, lim)
     if isinstance(q, Malformed):
         return q
-    return _as_frame((context.tab_from(q), q.path))
+    return _as_frame((propagation.tab_from(q), q.path))
 
 
 @given(canonical_like | arbitrary, st.floats(0, 1e6), limits)

@@ -126,8 +126,8 @@ def test_question_keys_are_askonce_keys_shared_by_the_policies_of_a_scenario() -
 
     with askonce.question(key=keys[0]) as q:  # the wire accepts them
         headers: dict[str, str] = {}
-        askonce.inject(headers)
-    assert askonce.extract(headers) is not None and q.key == keys[0]
+        askonce.propagation.inject(headers)
+    assert askonce.propagation.extract(headers) is not None and q.key == keys[0]
 
 
 def test_the_targets_draws_are_independent_of_order_and_about_uniform() -> None:

@@ -18,11 +18,14 @@ import uvicorn
 from fastapi import BackgroundTasks, FastAPI, Request
 
 import askonce
-from askonce import NO_WAIT, Limits, Reply
+from askonce import Limits, Reply
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
 from askonce.core.ledger import Kind, Ledger, LedgerPolicy
+from askonce.core.ledger.policy import path_template
+from askonce.core.question import Hop
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.errors import attach_reply
-from askonce.integrations._server import path_template
 from askonce.integrations.asgi import LEDGER_LOCK, AskonceASGIMiddleware, note_failure
 
 DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
@@ -46,7 +49,7 @@ def seen() -> dict[str, Any]:
     q = askonce.current()
     assert q is not None
     return {"key": q.key, "origin": q.origin, "edge": q.edge, "budget": q.budget,
-            "remaining": q.remaining(askonce.context.monotonic()), "path": [str(h) for h in q.path]}
+            "remaining": q.remaining(askonce._stats.monotonic()), "path": [str(h) for h in q.path]}
 
 
 def make_app(probe: Probe) -> FastAPI:
@@ -184,13 +187,13 @@ def edge() -> Iterator[Stack]:
 
 
 def question(budget: int = 2, deadline_ms: int | None = 5000, key: str | None = None) -> dict[str, str]:
-    value = wire.format_question(key or askonce.new_key(), "edge", True, budget,
-                                 None if deadline_ms is None else deadline_ms / 1000, (askonce.Hop("edge", 1),))
-    return {askonce.QUESTION_HEADER: value}
+    value = wire.format_question(key or askonce.propagation.new_key(), "edge", True, budget,
+                                 None if deadline_ms is None else deadline_ms / 1000, (Hop("edge", 1),))
+    return {QUESTION_HEADER: value}
 
 
 def reply(response: httpx.Response) -> Reply:
-    parsed = wire.parse_reply(response.headers[askonce.REPLY_HEADER])
+    parsed = wire.parse_reply(response.headers[REPLY_HEADER])
     assert isinstance(parsed, Reply), parsed
     return parsed
 
@@ -203,8 +206,8 @@ def test_the_handler_sees_the_question_that_was_sent(api: Stack) -> None:
     r = api.client.get("/items/1", headers=headers)
     assert r.status_code == 200
     got = r.json()
-    assert askonce.extract(headers) is not None
-    assert got["key"] == wire.parse_question(headers[askonce.QUESTION_HEADER], 0.0).key  # type: ignore[union-attr]
+    assert askonce.propagation.extract(headers) is not None
+    assert got["key"] == wire.parse_question(headers[QUESTION_HEADER], 0.0).key  # type: ignore[union-attr]
     assert (got["origin"], got["edge"], got["budget"], got["path"]) == ("edge", True, 2, ["edge:1"])
     assert 0 < got["remaining"] <= 5.0
     assert reply(r) == Reply(2)
@@ -219,7 +222,7 @@ def test_budget_and_deadline_are_clamped_to_the_layers_limits(api: Stack) -> Non
 def test_a_malformed_header_is_counted_treated_as_absent_and_recorded(api: Stack) -> None:
     before = askonce.stats().get("malformed.question.key", 0)
     op_before = api.report("GET /items/{item_id}")
-    r = api.client.get("/items/3", headers={askonce.QUESTION_HEADER: 'v=1, k="short", o=edge, b=2'})
+    r = api.client.get("/items/3", headers={QUESTION_HEADER: 'v=1, k="short", o=edge, b=2'})
     assert r.status_code == 200
     got = r.json()
     assert (got["origin"], got["edge"]) == ("api", False)  # a local key minted here, not the bad one
@@ -246,7 +249,7 @@ def test_the_reply_carries_what_is_left_after_a_retry_inside_the_handler(api: St
 
 def test_contextvars_reach_tasks_and_background_work(api: Stack) -> None:
     headers = question()
-    key = askonce.extract(headers).key  # type: ignore[union-attr]
+    key = askonce.propagation.extract(headers).key  # type: ignore[union-attr]
     got = api.client.get("/background", headers=headers).json()
     assert got == {"handler": key, "task": key}
     assert api.probe.event("background").wait(5)
@@ -478,7 +481,7 @@ async def test_an_app_that_swallows_the_deadline_cancellation_is_still_answered_
     ex = Exchange(question(deadline_ms=50))
     await mw(ex.scope, ex.receive, ex.send)
     assert ex.sent[0]["status"] == 503
-    assert (askonce.REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+    assert (REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
 
@@ -500,7 +503,7 @@ async def test_a_noted_give_up_replaces_the_frameworks_own_500() -> None:
     assert ex.sent[0]["status"] == 503
     headers = dict(ex.sent[0]["headers"])
     assert headers[b"retry-after"] == b"2"
-    assert headers[askonce.REPLY_HEADER.encode()] == b"v=1, b=0, dnr, r=breaker-open, pb=1500"
+    assert headers[REPLY_HEADER.encode()] == b"v=1, b=0, dnr, r=breaker-open, pb=1500"
     assert ex.sent[1]["body"] == b"askonce: breaker-open\n"
 
 
@@ -546,9 +549,9 @@ class LockProbe:
 
 
 def signed_question(secret: bytes | str | None) -> dict[str, str]:
-    key = askonce.new_key()
-    sig = None if secret is None else askonce.signing.mac(key, secret)
-    return {askonce.QUESTION_HEADER: wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("edge", 1),), sig)}
+    key = askonce.propagation.new_key()
+    sig = None if secret is None else askonce.core.signing.mac(key, secret)
+    return {wire.QUESTION_HEADER: wire.format_question(key, "edge", True, 2, 5.0, (Hop("edge", 1),), sig)}
 
 
 def test_an_edge_key_that_does_not_verify_is_recorded_as_unsigned_not_attributable() -> None:
@@ -582,10 +585,10 @@ def test_an_originator_with_an_edge_secret_signs_the_keys_it_mints() -> None:
     app = AskonceASGIMiddleware(handler, layer="web", originator=True, edge_secret=(SECRET, OLD_SECRET))
     with running(app) as url:
         assert httpx.get(url + "/", timeout=5.0).status_code == 200
-        assert httpx.get(url + "/", headers={askonce.QUESTION_HEADER: "v=9"}, timeout=5.0).status_code == 200
+        assert httpx.get(url + "/", headers={QUESTION_HEADER: "v=9"}, timeout=5.0).status_code == 200
     for key, edge, sig in seen_sigs:  # minted with nothing sent, and in place of a malformed question
-        assert edge and askonce.signing.verify_key(key, sig, SECRET)
-        assert not askonce.signing.verify_key(key, sig, OLD_SECRET)  # the first secret signs
+        assert edge and askonce.core.signing.verify_key(key, sig, SECRET)
+        assert not askonce.core.signing.verify_key(key, sig, OLD_SECRET)  # the first secret signs
 
 
 @pytest.mark.parametrize("thread_safe", [False, True])
@@ -629,7 +632,7 @@ async def test_quick_requests_leave_no_timer_behind_and_slow_ones_are_still_canc
     await mw(ex.scope, ex.receive, ex.send)
     assert ex.sent[0]["status"] == 503  # before sleepy's 0.2 s were up
     assert loop.time() - started >= 0.11  # and not before the deadline
-    assert (askonce.REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+    assert (REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
 
 
 def test_a_loop_stopped_with_requests_queued_for_the_sweep_can_be_collected() -> None:
@@ -666,7 +669,7 @@ async def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
     gc.collect()
     gc.disable()
     try:
-        for headers in (question(), {}, {askonce.QUESTION_HEADER: "v=1, k=nope"}, question(deadline_ms=0)):
+        for headers in (question(), {}, {QUESTION_HEADER: "v=1, k=nope"}, question(deadline_ms=0)):
             await asyncio.create_task(mw(*_args(Exchange(headers))))  # a task per request, as servers run them
         assert gc.collect() == 0
     finally:

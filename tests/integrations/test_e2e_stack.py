@@ -33,6 +33,7 @@ from fastapi import FastAPI, Response
 import askonce
 from askonce import Reply
 from askonce.core.question import mint_key
+from askonce.core.wire import QUESTION_HEADER
 from askonce.integrations.asgi import LEDGER_LOCK, AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
@@ -160,10 +161,10 @@ def wsgi_app(target: str) -> object:
 def test_a_5xx_after_a_downstream_give_up_passes_the_do_not_retry_on(kind: str, status: int, answered: int,
                                                                      dnr: bool, down: str) -> None:
     running = uvicorn_running(asgi_app(down)) if kind == "asgi" else waitress_running(wsgi_app(down))
-    value = askonce.core.wire.format_question(askonce.new_key(), "edge", True, 2, 5.0)
+    value = askonce.core.wire.format_question(askonce.propagation.new_key(), "edge", True, 2, 5.0)
     with running as url:
-        r = httpx.get(f"{url}/answer/{status}", headers={askonce.QUESTION_HEADER: value}, timeout=10)
-    reply = askonce.extract_reply(r.headers)
+        r = httpx.get(f"{url}/answer/{status}", headers={QUESTION_HEADER: value}, timeout=10)
+    reply = askonce.propagation.extract_reply(r.headers)
     assert r.status_code == answered and reply is not None
     # The app's 5xx is answered as a give-up: the caller learns the question's budget is spent.
     assert reply == (Reply(0, True, "exhausted") if dnr else Reply(0))

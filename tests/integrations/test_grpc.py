@@ -27,11 +27,13 @@ import pytest
 from grpc import aio
 
 import askonce
-from askonce import NO_WAIT, Backoff, Limits, Reply, RetryPolicy
+from askonce import Backoff, Limits, Reply, RetryPolicy
 from askonce.client import ClientPolicy, last_reply, replies
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.retry import ANSWERED, LOST, REFUSED
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.integrations._server import LEDGER_LOCK
 from askonce.integrations.grpc import (
     AskonceClientInterceptor,
@@ -249,12 +251,12 @@ def call(mode: str, url: str, name: str, request: bytes = b"", *, p: ClientPolic
 
 
 def question(budget: int = 2, deadline_ms: int = 5000) -> tuple[tuple[str, str], ...]:
-    value = wire.format_question(askonce.new_key(), "edge", True, budget, deadline_ms / 1000)
-    return ((askonce.QUESTION_HEADER, value),)
+    value = wire.format_question(askonce.propagation.new_key(), "edge", True, budget, deadline_ms / 1000)
+    return ((QUESTION_HEADER, value),)
 
 
 def parsed(trailing: dict[str, Any]) -> Reply:
-    r = wire.parse_reply(trailing[askonce.REPLY_HEADER])
+    r = wire.parse_reply(trailing[REPLY_HEADER])
     assert isinstance(r, Reply), r
     return r
 

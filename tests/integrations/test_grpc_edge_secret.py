@@ -17,10 +17,13 @@ import pytest
 from grpc import aio
 
 import askonce
-from askonce import NO_WAIT, RetryPolicy
+from askonce import RetryPolicy
 from askonce.client import ClientPolicy
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
 from askonce.core.ledger import Ledger, LedgerPolicy
+from askonce.core.question import Hop
+from askonce.core.wire import QUESTION_HEADER
 from askonce.integrations._server import LEDGER_LOCK, UNSIGNED
 from askonce.integrations.grpc import (
     AskonceClientInterceptor,
@@ -130,10 +133,10 @@ def seen_by(url: str, name: str, request: bytes = b"", metadata: tuple[tuple[str
 
 
 def signed_question(secret: bytes | str | None) -> tuple[tuple[str, str], ...]:
-    key = askonce.new_key()
-    sig = None if secret is None else askonce.signing.mac(key, secret)
-    value = wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("edge", 1),), sig)
-    return ((askonce.QUESTION_HEADER, value),)
+    key = askonce.propagation.new_key()
+    sig = None if secret is None else askonce.core.signing.mac(key, secret)
+    value = wire.format_question(key, "edge", True, 2, 5.0, (Hop("edge", 1),), sig)
+    return ((QUESTION_HEADER, value),)
 
 
 @pytest.mark.parametrize("target", MODES)
@@ -142,8 +145,8 @@ def test_a_key_minted_by_a_grpc_originator_is_signed_and_verified_as_an_edge_key
         originator: str, target: str, servers: Servers) -> None:
     seen = seen_by(servers.urls[f"{originator}-originator"], "Relay", servers.urls[f"{target}-target"].encode())
     assert seen["edge"] is True
-    assert askonce.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), SECRET)  # the first secret signs
-    assert not askonce.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), OLD_SECRET)
+    assert askonce.core.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), SECRET)  # the first secret signs
+    assert not askonce.core.signing.verify_key(seen["key"], bytes.fromhex(seen["sig"]), OLD_SECRET)
     assert servers.ledgers[target].by_key[seen["key"]] == (True, "web")  # attributable to the originator
 
 

@@ -16,6 +16,7 @@ import pytest
 import askonce
 from askonce import Reply
 from askonce.core import wire
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.integrations.grpc import AsyncAskonceServerInterceptor
 from grpc_servers import ServerSet, plain_call
 
@@ -85,7 +86,7 @@ def servers() -> Iterator[Servers]:
 
 
 GOOD = f'v=1, k="{KEY}", o=edge, e, b=2, d=5000'
-Q = askonce.QUESTION_HEADER
+Q = QUESTION_HEADER
 
 
 @pytest.mark.parametrize(("name", "code", "reply", "mine"), [
@@ -98,7 +99,7 @@ def test_sync_handlers_on_an_aio_server_are_served(servers: Servers, name: str, 
                                                    mine: bool) -> None:
     got, trailing, body = plain_call(servers.urls["mixed"], f"/{SERVICE}/{name}", metadata=((Q, GOOD),))
     assert got == code
-    assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == reply
+    assert wire.parse_reply(trailing[REPLY_HEADER]) == reply
     assert ("x-mine" in trailing) == mine  # the handler's own trailing metadata is kept
     if name == "Echo":
         assert body is not None and json.loads(body)["key"] == KEY
@@ -109,7 +110,7 @@ def test_a_sync_stream_unary_handler_on_an_aio_server_is_served(servers: Servers
         body, call = ch.stream_unary(f"/{SERVICE}/Count").with_call(iter([b"a", b"b", b"c"]), timeout=5,
                                                                     metadata=((Q, GOOD),))
     assert body == f"3 {KEY}".encode()
-    assert wire.parse_reply(dict(call.trailing_metadata())[askonce.REPLY_HEADER]) == Reply(2)
+    assert wire.parse_reply(dict(call.trailing_metadata())[REPLY_HEADER]) == Reply(2)
 
 
 def test_a_late_arrival_is_refused_before_a_sync_handler_on_an_aio_server_runs(servers: Servers) -> None:
@@ -118,5 +119,5 @@ def test_a_late_arrival_is_refused_before_a_sync_handler_on_an_aio_server_runs(s
     assert Servers.arrivals == 1  # the handler counts when it runs
     got, trailing, _ = plain_call(servers.urls["mixed"], COUNTS, metadata=((Q, f'v=1, k="{KEY}", o=edge, b=1, d=0'),))
     assert got == Code.DEADLINE_EXCEEDED
-    assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == Reply(1, True, "deadline")
+    assert wire.parse_reply(trailing[REPLY_HEADER]) == Reply(1, True, "deadline")
     assert Servers.arrivals == 1  # refused before it ran

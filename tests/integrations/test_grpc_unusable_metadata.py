@@ -21,9 +21,11 @@ import pytest
 from grpc import aio
 
 import askonce
-from askonce import NO_WAIT, Reply, RetryPolicy
+from askonce import Reply, RetryPolicy
 from askonce.client import ClientPolicy
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.integrations.grpc import (
     AskonceClientInterceptor,
     AskonceServerInterceptor,
@@ -95,7 +97,7 @@ def plain_echo(url: str, metadata: tuple[tuple[str, str | bytes], ...]) -> tuple
 
 
 GOOD = f'v=1, k="{KEY}", o=edge, e, b=2, d=5000'
-Q = askonce.QUESTION_HEADER
+Q = QUESTION_HEADER
 UNUSABLE = [
     ("4kB", ((Q, "v=1, x=" + "a" * 4000),), "malformed.question.too-long"),
     ("duplicate", ((Q, GOOD), (Q, GOOD)), "malformed.question.duplicate-header"),
@@ -116,7 +118,7 @@ def test_question_metadata_that_cannot_be_used_is_counted_and_the_call_answered(
     before = askonce.stats()
     code, trailing, seen = plain_echo(servers.urls[server], metadata)
     assert code == Code.OK
-    assert wire.parse_reply(trailing[askonce.REPLY_HEADER]) == Reply(2)
+    assert wire.parse_reply(trailing[REPLY_HEADER]) == Reply(2)
     assert (seen["origin"], seen["budget"]) == ("svc", 2) and seen["key"] != KEY  # minted here
     assert delta(before) == {counter: 1}
 
@@ -160,7 +162,7 @@ def ask(mode: str, url: str, code: str, trailing: list[tuple[str, str]], timeout
     return asyncio.run(go())
 
 
-R = askonce.REPLY_HEADER
+R = REPLY_HEADER
 BAD_REPLIES = [
     ("duplicate", [(R, "v=1, b=1"), (R, "v=1, b=1")], "malformed.reply.duplicate-header"),
     ("too-long", [(R, "v=1, b=0, x=" + "a" * 5000)], "malformed.reply.too-long"),

@@ -18,8 +18,9 @@ import pytest
 import requests
 
 import askonce
-from askonce import NO_WAIT, RetryPolicy
+from askonce import RetryPolicy
 from askonce.client import ClientPolicy
+from askonce.core.backoff import NO_WAIT
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from askonce.integrations.requests import session
 from http_raw import Canned

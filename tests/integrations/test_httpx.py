@@ -10,9 +10,11 @@ import httpx
 import pytest
 
 import askonce
-from askonce import Backoff, Hop, Reply, RetryPolicy
+from askonce import Backoff, Reply, RetryPolicy
 from askonce.client import ClientPolicy, last_reply, replies
+from askonce.core.backoff import NO_WAIT
 from askonce.core.breaker import BreakerPolicy
+from askonce.core.question import Hop
 from askonce.core.wire import parse_dictionary
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport, default_target
 from askonce.stores.memory import MemoryStore
@@ -53,7 +55,7 @@ def send(mode: str, p: ClientPolicy, method: str, url: str, *, sleep: Any = None
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_failing_target_sees_at_most_one_plus_budget_arrivals_per_question(mode: str, target: Target) -> None:
-    p = policy(retry=RetryPolicy(attempts=10, backoff=askonce.NO_WAIT))
+    p = policy(retry=RetryPolicy(attempts=10, backoff=NO_WAIT))
     keys = []
     for _ in range(5):
         with askonce.question(budget=2) as q:
@@ -67,7 +69,7 @@ def test_a_failing_target_sees_at_most_one_plus_budget_arrivals_per_question(mod
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_key_is_forwarded_unchanged_and_the_path_shows_layer_and_attempt(mode: str, target: Target) -> None:
-    with askonce.question(budget=2) as q, askonce.bind(askonce.current(), path=(Hop("api", 2),)):  # type: ignore[arg-type]
+    with askonce.question(budget=2) as q, askonce.propagation.bind(askonce.current(), path=(Hop("api", 2),)):  # type: ignore[arg-type]
         response = send(mode, policy(), "GET", target.url("/fail/2"))
     assert response.status_code == 200
     assert [s.key for s in target.seen if s] == [q.key] * 3
@@ -91,7 +93,7 @@ def test_failed_attempts_release_their_connection(mode: str, target: Target) -> 
 def test_retry_after_is_honoured_up_to_max_pushback(mode: str, path: str, arrivals: int, waits: list[float],
                                                     target: Target) -> None:
     slept: list[float] = []
-    p = policy(retry=RetryPolicy(attempts=3, backoff=askonce.NO_WAIT, max_pushback=2.0))
+    p = policy(retry=RetryPolicy(attempts=3, backoff=NO_WAIT, max_pushback=2.0))
     with askonce.question(budget=2):
         response = send(mode, p, "GET", target.url(path), sleep=slept.append)
     assert slept == waits and target.total == arrivals
@@ -153,7 +155,7 @@ def test_sent_and_lost_fails_closed(mode: str, path: str, cause: type[Exception]
         send(mode, policy(), "GET", target.url(path), timeout=0.2)
     assert isinstance(info.value.__cause__, cause)
     assert target.total == 1  # the callee may have spent all it was given: no budget left to retry with
-    assert info.value.reply == Reply(0, True, "exhausted")
+    assert info.value.askonce_reply == Reply(0, True, "exhausted")
 
 
 @pytest.mark.parametrize("mode", MODES)

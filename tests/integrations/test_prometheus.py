@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.parser import text_string_to_metric_families
 
 import askonce
-from askonce.context import count
+from askonce._stats import count
 from askonce.core.ledger import LedgerPolicy, Report
 from askonce.integrations.prometheus import LedgerCollector, register
-from askonce.ledger_store import MemoryLedger
+from askonce.ledger.store import MemoryLedger
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -10,8 +10,10 @@ import requests
 from urllib3.util.retry import Retry
 
 import askonce
-from askonce import Backoff, Hop, Reply, RetryPolicy
+from askonce import Backoff, Reply, RetryPolicy
 from askonce.client import ClientPolicy, last_reply, replies
+from askonce.core.backoff import NO_WAIT
+from askonce.core.question import Hop
 from askonce.core.wire import parse_dictionary
 from askonce.integrations.requests import AskonceAdapter, default_target, session
 from http_target import Target, policy, refused_url
@@ -37,7 +39,7 @@ def send(p: ClientPolicy, method: str, url: str, *, sleep: Any = None, timeout: 
 
 
 def test_a_failing_target_sees_at_most_one_plus_budget_arrivals_per_question(target: Target) -> None:
-    p = policy(retry=RetryPolicy(attempts=10, backoff=askonce.NO_WAIT))
+    p = policy(retry=RetryPolicy(attempts=10, backoff=NO_WAIT))
     keys = []
     with session(p) as s:
         for _ in range(5):
@@ -50,7 +52,7 @@ def test_a_failing_target_sees_at_most_one_plus_budget_arrivals_per_question(tar
 
 
 def test_the_key_is_forwarded_unchanged_and_the_path_shows_layer_and_attempt(target: Target) -> None:
-    with askonce.question(budget=2) as q, askonce.bind(askonce.current(), path=(Hop("api", 1),)):  # type: ignore[arg-type]
+    with askonce.question(budget=2) as q, askonce.propagation.bind(askonce.current(), path=(Hop("api", 1),)):  # type: ignore[arg-type]
         response = send(policy(), "GET", target.url("/fail/2"))
     assert response.status_code == 200 and response.text == "ok"
     assert [s.key for s in target.seen if s] == [q.key] * 3
@@ -70,7 +72,7 @@ def test_failed_attempts_release_their_connection(target: Target) -> None:
 def test_retry_after_is_honoured_up_to_max_pushback(path: str, arrivals: int, waits: list[float],
                                                     target: Target) -> None:
     slept: list[float] = []
-    p = policy(retry=RetryPolicy(attempts=3, backoff=askonce.NO_WAIT, max_pushback=2.0))
+    p = policy(retry=RetryPolicy(attempts=3, backoff=NO_WAIT, max_pushback=2.0))
     with askonce.question(budget=2):
         send(p, "GET", target.url(path), sleep=slept.append)
     assert slept == waits and target.total == arrivals
@@ -109,7 +111,7 @@ def test_sent_and_lost_fails_closed(path: str, cause: type[Exception], target: T
     with askonce.question(budget=2), pytest.raises(askonce.BudgetExhausted) as info:
         send(policy(), "GET", target.url(path), timeout=0.2)
     assert isinstance(info.value.__cause__, cause)
-    assert target.total == 1 and info.value.reply == Reply(0, True, "exhausted")
+    assert target.total == 1 and info.value.askonce_reply == Reply(0, True, "exhausted")
 
 
 def test_do_not_retry_from_the_server_stops_retries_and_is_passed_on(target: Target) -> None:

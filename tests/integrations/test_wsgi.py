@@ -14,9 +14,12 @@ import pytest
 import werkzeug.test
 
 import askonce
-from askonce import NO_WAIT, Limits, Reply
+from askonce import Limits, Reply
 from askonce.core import wire
+from askonce.core.backoff import NO_WAIT
 from askonce.core.ledger import Kind, Ledger, LedgerPolicy
+from askonce.core.question import Hop
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.errors import attach_reply
 from askonce.integrations.wsgi import LEDGER_LOCK, AskonceWSGIMiddleware
 from e2e_services import waitress_running
@@ -28,7 +31,7 @@ def seen() -> dict[str, Any]:
     q = askonce.current()
     assert q is not None
     return {"key": q.key, "origin": q.origin, "edge": q.edge, "budget": q.budget,
-            "remaining": q.remaining(askonce.context.monotonic()), "path": [str(h) for h in q.path]}
+            "remaining": q.remaining(askonce._stats.monotonic()), "path": [str(h) for h in q.path]}
 
 
 def make_flask(calls: collections.Counter[str]) -> flask.Flask:
@@ -142,19 +145,19 @@ def svc() -> Iterator[Stack]:
 
 
 def question(budget: int = 2, deadline_ms: int | None = 5000, key: str | None = None) -> dict[str, str]:
-    value = wire.format_question(key or askonce.new_key(), "edge", True, budget,
-                                 None if deadline_ms is None else deadline_ms / 1000, (askonce.Hop("api", 2),))
-    return {askonce.QUESTION_HEADER: value}
+    value = wire.format_question(key or askonce.propagation.new_key(), "edge", True, budget,
+                                 None if deadline_ms is None else deadline_ms / 1000, (Hop("api", 2),))
+    return {QUESTION_HEADER: value}
 
 
 def key_of(headers: dict[str, str]) -> str:
-    q = askonce.extract(headers)
+    q = askonce.propagation.extract(headers)
     assert q is not None
     return q.key
 
 
 def reply(response: httpx.Response) -> Reply:
-    parsed = wire.parse_reply(response.headers[askonce.REPLY_HEADER])
+    parsed = wire.parse_reply(response.headers[REPLY_HEADER])
     assert isinstance(parsed, Reply), parsed
     return parsed
 
@@ -182,7 +185,7 @@ def test_a_malformed_header_is_counted_treated_as_absent_and_recorded(svc: Stack
     before = askonce.stats().get("malformed.question.version", 0)
     op = svc.report("GET /items/<int:item_id>")
     malformed_before = 0 if op is None else op.kinds[Kind.MALFORMED]
-    got = svc.client.get("/items/2", headers={askonce.QUESTION_HEADER: "v=9"}).json()
+    got = svc.client.get("/items/2", headers={QUESTION_HEADER: "v=9"}).json()
     assert (got["origin"], got["edge"]) == ("svc", False)
     assert askonce.stats()["malformed.question.version"] == before + 1
     assert svc.report("GET /items/<int:item_id>").kinds[Kind.MALFORMED] == malformed_before + 1
@@ -301,7 +304,7 @@ def test_with_propagate_exceptions_the_give_up_escapes_flask_and_still_becomes_5
     client = werkzeug.test.Client(AskonceWSGIMiddleware(app.wsgi_app, layer="svc"))
     r = client.get("/exhaust", headers=question(budget=0))
     assert r.status_code == 503
-    assert r.headers[askonce.REPLY_HEADER] == "v=1, b=0, dnr, r=exhausted"
+    assert r.headers[REPLY_HEADER] == "v=1, b=0, dnr, r=exhausted"
     with pytest.raises(RuntimeError):
         client.get("/boom", headers=question())  # anything else propagates as configured
 
@@ -312,17 +315,17 @@ SECRET = b"0123456789abcdef0123"
 
 
 def test_edge_keys_are_checked_against_the_secret_with_a_thread_safe_ledger() -> None:
-    from askonce.ledger_store import MemoryLedger
+    from askonce.ledger.store import MemoryLedger
 
     ledger = MemoryLedger(LedgerPolicy(window=DAY))
     app = AskonceWSGIMiddleware(bare, layer="target", ledger=ledger, edge_secret=SECRET)
     before = askonce.stats().get("ledger.edge.unsigned", 0)
     with running(app) as url, httpx.Client(base_url=url, timeout=5.0) as client:
         for sig_with in (SECRET, b"someone else's secret key", None):
-            key = askonce.new_key()
-            sig = None if sig_with is None else askonce.signing.mac(key, sig_with)
-            value = wire.format_question(key, "edge", True, 2, 5.0, (askonce.Hop("api", 1),), sig)
-            assert client.get("/x", headers={askonce.QUESTION_HEADER: value}).status_code == 200
+            key = askonce.propagation.new_key()
+            sig = None if sig_with is None else askonce.core.signing.mac(key, sig_with)
+            value = wire.format_question(key, "edge", True, 2, 5.0, (Hop("api", 1),), sig)
+            assert client.get("/x", headers={QUESTION_HEADER: value}).status_code == 200
     op = ledger.report(time.time()).find("GET /x")
     assert (op.arrivals, op.attributable, op.reminted_by) == (3, 1, {"~unsigned": 2})
     assert askonce.stats()["ledger.edge.unsigned"] == before + 2
@@ -338,7 +341,7 @@ def test_an_originator_signs_the_keys_it_mints() -> None:
     app = AskonceWSGIMiddleware(signed, layer="edge", originator=True, edge_secret=[SECRET])
     with running(app) as url:
         got = httpx.get(url + "/x", timeout=5.0).json()
-    assert got["edge"] and askonce.signing.verify_key(got["key"], bytes.fromhex(got["sig"]), SECRET)
+    assert got["edge"] and askonce.core.signing.verify_key(got["key"], bytes.fromhex(got["sig"]), SECRET)
 
 
 def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
@@ -356,7 +359,7 @@ def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
     gc.collect()
     gc.disable()
     try:
-        for headers in (question(), {}, {askonce.QUESTION_HEADER: "v=1, k=nope"}):
+        for headers in (question(), {}, {QUESTION_HEADER: "v=1, k=nope"}):
             request(headers)
         assert gc.collect() == 0  # freed as the request ended, not left for a collection
     finally:

@@ -1,4 +1,4 @@
-"""Auditing access logs (``askonce.audit``): the ledger a live target would have kept, read from JSON lines,
+"""Auditing access logs (``askonce.ledger.audit``): the ledger a live target would have kept, read from JSON lines,
 nginx and envoy-style lines; bad lines are counted, never fatal, and memory stays flat (the command itself:
 ``test_ledger_cli.py``)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from access_logs import POLICY, T0, header, jsonl, key, live, nginx, traffic
-from askonce.audit import MAX_LINE, LogFormat, audit_file, audit_lines
 from askonce.core.ledger import Kind, LedgerPolicy
-from askonce.signing import sign_header
+from askonce.core.signing import sign_header
+from askonce.ledger.audit import MAX_LINE, LogFormat, audit_file, audit_lines
 
 # --- the same report as a live target --------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from askonce.client import ClientPolicy
 from askonce.core.ledger import Kind, OperationReport
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport
-from askonce.ledger_store import MemoryLedger
+from askonce.ledger.store import MemoryLedger
 from e2e_services import uvicorn_running
 
 OPERATION = "GET /items/{item_id}"
@@ -55,11 +55,11 @@ def hop_app(target: str) -> Starlette:
         return PlainTextResponse(r.text)
 
     async def remint_route(request: Request) -> PlainTextResponse:
-        token = askonce.context._frame.set(None)  # this hop loses the question it was given
+        token = askonce._context.FRAME.set(None)  # this hop loses the question it was given
         try:
             r = await reminting.get(f"{target}/items/{request.path_params['n']}")
         finally:
-            askonce.context._frame.reset(token)
+            askonce._context.FRAME.reset(token)
         return PlainTextResponse(r.text)
 
     app = Starlette(routes=[Route("/honest/{n}", honest_route), Route("/sneaky/{n}", sneaky_route),

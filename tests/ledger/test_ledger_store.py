@@ -20,13 +20,13 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 import askonce
-from askonce._ledger_redis import Space, Writer
 from askonce.core import wire
 from askonce.core.ledger import OTHER, Ledger, LedgerPolicy, Report
 from askonce.core.question import Hop
 from askonce.integrations._server import LedgerLike, ServerOptions
 from askonce.integrations.asgi import AskonceASGIMiddleware
-from askonce.ledger_store import LedgerUnavailable, MemoryLedger, RedisLedger, read_report
+from askonce.ledger._redis import Space, Writer
+from askonce.ledger.store import LedgerUnavailable, MemoryLedger, RedisLedger, read_report
 from e2e_services import uvicorn_running
 from redis_server import RedisServer, free_port
 

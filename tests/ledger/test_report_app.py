@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from askonce.core.ledger import LedgerPolicy, Report
-from askonce.ledger_store import LedgerUnavailable, MemoryLedger
-from askonce.report_app import ReportApp
+from askonce.ledger.report_app import ReportApp
+from askonce.ledger.store import LedgerUnavailable, MemoryLedger
 
 NOW = 1_700_000_125.0  # a fixed wall clock: windows 1_700_000_040, _100 (60 s each) are in the report
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import askonce
-from askonce import NO_WAIT
+from askonce.core.backoff import NO_WAIT
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.sim import scenarios

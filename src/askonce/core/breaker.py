@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from askonce.core import is_int, is_real
-from askonce.core.breaker_window import _FAIL, _SLOW, _CountWindow, _TimeWindow, _Window
+from askonce.core.breaker_window import FAIL, SLOW, CountWindow, TimeWindow, Window
 
 __all__ = ["Breaker", "BreakerPolicy", "State", "Transition"]
 
@@ -167,9 +167,9 @@ class Breaker:
     # A shared default is safe: the policy is frozen.
     def __init__(self, policy: BreakerPolicy = BreakerPolicy()) -> None:
         self._policy = policy
-        self._window: _Window = (
-            _CountWindow(policy.window_size) if policy.window == "count"
-            else _TimeWindow(policy.window_size)
+        self._window: Window = (
+            CountWindow(policy.window_size) if policy.window == "count"
+            else TimeWindow(policy.window_size)
         )
         self._state = _CLOSED
         self._now: float | None = None
@@ -234,7 +234,7 @@ class Breaker:
         policy = self._policy
         slow = policy.slow_call_duration is not None and duration >= policy.slow_call_duration
         if self._state is _CLOSED:
-            self._window.add(now, (0 if success else _FAIL) | (_SLOW if slow else 0))
+            self._window.add(now, (0 if success else FAIL) | (SLOW if slow else 0))
             self._judge(now)
         elif self._state is _HALF_OPEN:
             if self._probes_admitted <= self._probes_succeeded:

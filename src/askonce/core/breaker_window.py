@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import Final
 
-_FAIL: Final = 1
-_SLOW: Final = 2
+FAIL: Final = 1
+SLOW: Final = 2
 
 
-class _Window:
+class Window:
     """Running totals over the calls still inside the window."""
 
     __slots__ = ("calls", "failures", "slow")
@@ -39,7 +39,7 @@ class _Window:
         raise NotImplementedError
 
 
-class _CountWindow(_Window):
+class CountWindow(Window):
     __slots__ = ("_filled", "_next", "_ring")
 
     def __init__(self, size: int) -> None:
@@ -53,14 +53,14 @@ class _CountWindow(_Window):
         if self._filled == len(ring):
             old = ring[self._next]
             self.calls -= 1
-            self.failures -= old & _FAIL
+            self.failures -= old & FAIL
             self.slow -= old >> 1
         else:
             self._filled += 1
         ring[self._next] = flags
         self._next = (self._next + 1) % len(ring)
         self.calls += 1
-        self.failures += flags & _FAIL
+        self.failures += flags & FAIL
         self.slow += flags >> 1
 
     def add_successes(self, now: float, n: int) -> None:
@@ -87,9 +87,9 @@ class _CountWindow(_Window):
         start %= size
         for lo, hi in ((start, min(start + n, size)), (0, start + n - size)):
             if hi > lo and ring.count(0, lo, hi) < hi - lo:
-                both = ring.count(_FAIL | _SLOW, lo, hi)
-                self.failures -= ring.count(_FAIL, lo, hi) + both
-                self.slow -= ring.count(_SLOW, lo, hi) + both
+                both = ring.count(FAIL | SLOW, lo, hi)
+                self.failures -= ring.count(FAIL, lo, hi) + both
+                self.slow -= ring.count(SLOW, lo, hi) + both
 
     def reset(self) -> None:
         # O(1): stale bytes are only read as evictions once the ring is full again, and by then
@@ -99,7 +99,7 @@ class _CountWindow(_Window):
         self._filled = 0
 
 
-class _TimeWindow(_Window):
+class TimeWindow(Window):
     __slots__ = ("_b_calls", "_b_failures", "_b_gen", "_b_sec", "_b_slow", "_gen", "_head", "_size")
 
     def __init__(self, size: int) -> None:
@@ -138,7 +138,7 @@ class _TimeWindow(_Window):
 
     def add(self, now: float, flags: int) -> None:
         i = self._bucket(now)
-        failed, slow = flags & _FAIL, flags >> 1
+        failed, slow = flags & FAIL, flags >> 1
         self._b_calls[i] += 1
         self._b_failures[i] += failed
         self._b_slow[i] += slow

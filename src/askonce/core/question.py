@@ -60,7 +60,7 @@ def mint_key(now_ms: int, random16: bytes) -> str:
     if len(random16) != 16:
         raise ValueError("mint_key needs exactly 16 random bytes")
     # _b32(max(0, now_ms), _TIME_CHARS) + _b32(random, _RAND_CHARS), in one pass
-    # (tests/test_wire_caches.py)
+    # (tests/core/test_wire_caches.py)
     bits = (max(0, now_ms) & _TIME_MASK) << 5 * _RAND_CHARS | int.from_bytes(random16, "big")
     pairs = _PAIRS
     return "".join([pairs[bits >> shift & 1023] for shift in _PAIR_SHIFTS])
@@ -105,7 +105,7 @@ class Question:
     budget: int
     deadline: float | None = None
     path: tuple[Hop, ...] = ()
-    # An originator's HMAC of the key (askonce.signing), forwarded unchanged.
+    # An originator's HMAC of the key (askonce.core.signing), forwarded unchanged.
     sig: bytes | None = None
 
     def remaining(self, now: float) -> float | None:

@@ -6,12 +6,13 @@ every ``askonce-reply``, comes here. The subset (the choice was measured, see
 ``docs/benchmarks.md``): integers, booleans, strings, tokens, byte sequences and inner lists of
 those (a string inside an inner list may not contain a parenthesis), with no parameters, no decimals
 and no duplicate members. Anything outside it, or over the size limit, is rejected *as a whole* with
-a :class:`~askonce.core.wire.Malformed`; nothing raises. Every accepted dictionary is also accepted,
-with the same values, by a full RFC 9651 parser (``tests/test_wire_differential.py`` checks it
+a :class:`Malformed`; nothing raises. Every accepted dictionary is also accepted,
+with the same values, by a full RFC 9651 parser (``tests/core/test_wire_differential.py`` checks it
 against ``http-sfv``).
 
-:mod:`askonce.core.wire` imports this module on first use, through ``wire.parse_dictionary``, which
-is the name to call (and the one ``bench/bench_wire.py`` swaps for http-sfv).
+The value types (:class:`Token`, :class:`Malformed`, ``Item``, ``Value``) live here and are
+re-exported by :mod:`askonce.core.wire`; ``wire.parse_dictionary`` is the name to call (and the one
+``bench/bench_wire.py`` swaps for http-sfv). The expressions compile on first use.
 """
 
 from __future__ import annotations
@@ -19,8 +20,29 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from dataclasses import dataclass
 
-from askonce.core.wire import MAX_HEADER_CHARS, Item, Malformed, Token, Value
+MAX_HEADER_CHARS = 2048  # a header longer than this is malformed, unread
+
+
+class Token(str):
+    """A structured-field token, told apart from a string."""
+
+    __slots__ = ()
+
+
+Item = int | bool | str | bytes
+Value = Item | list[Item]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Why a header was rejected; callers count these (``askonce.stats()``), nothing raises."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
 
 _KEY = r"[a-z*][a-z0-9_.*-]*"
 _ITEM = (

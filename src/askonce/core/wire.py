@@ -19,12 +19,16 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from askonce.core import is_int, is_real
+from askonce.core import is_int, is_real, sfv
 from askonce.core.question import Account, Frame, Hop, Question, Tab
+from askonce.core.sfv import MAX_HEADER_CHARS as MAX_HEADER_CHARS
+from askonce.core.sfv import Item as Item
+from askonce.core.sfv import Malformed as Malformed
+from askonce.core.sfv import Token as Token
+from askonce.core.sfv import Value as Value
 
 QUESTION_HEADER = "askonce-question"
 REPLY_HEADER = "askonce-reply"
@@ -32,7 +36,6 @@ VERSION = 1
 
 # Hard protocol bounds: values beyond these are nonsense and make the whole header malformed.
 # Values between a receiver's Limits and these bounds are clamped instead.
-MAX_HEADER_CHARS = 2048
 MAX_BUDGET = 1000
 MAX_DEADLINE_MS = 86_400_000  # one day
 _MAX_SECONDS = MAX_DEADLINE_MS / 1000
@@ -44,26 +47,6 @@ MAX_SIG_BYTES = 64
 REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open", "throttled"})
 """Reasons defined in version 1. Other tokens are accepted (a newer peer's reason still means
 "do not retry") but reported as they came."""
-
-
-class Token(str):
-    """A structured-field token, told apart from a string."""
-
-    __slots__ = ()
-
-
-Item = int | bool | str | bytes
-Value = Item | list[Item]
-
-
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """Why a header was rejected; callers count these (``askonce.stats()``), nothing raises."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +83,11 @@ class Reply:
 
 # --- the general parser ---------------------------------------------------------------------------
 
-_general_parse: Callable[[str], dict[str, Value] | Malformed] | None = None
-
-
 def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
     """Parse the strict subset of an RFC 9651 dictionary (:mod:`askonce.core.sfv`). Never raises;
     never works past the size limit. ``parse_question`` and ``parse_reply`` call this name (so a
-    benchmark can swap it). The parser is imported at the first call: the canonical fast path never
-    needs it."""
-    global _general_parse
-    if _general_parse is None:
-        from askonce.core import sfv  # not at the top: ``import askonce`` should not pay for it
-
-        _general_parse = sfv.parse_dictionary
-    return _general_parse(text)
+    benchmark can swap it)."""
+    return sfv.parse_dictionary(text)
 
 
 # --- askonce-question -----------------------------------------------------------------------------
@@ -154,7 +128,7 @@ _CANONICAL = re.compile(
 # Paths repeat (the few routes questions take through a fleet), so the canonical parse reads each
 # path text's hops once. The key is header text a caller chose: the cache holds only texts that
 # parsed, of at most ``_MAX_PATH_TEXT`` characters, and starts over when ``_MAX_PATHS`` are held; a
-# miss parses as if there were no cache (``tests/test_wire_caches.py``).
+# miss parses as if there were no cache (``tests/core/test_wire_caches.py``).
 _PATHS: dict[str, tuple[Hop, ...]] = {}
 _MAX_PATHS = 256
 _MAX_PATH_TEXT = 256
@@ -196,7 +170,7 @@ def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
     """The fast path: exactly what :func:`format_question` writes, in its order and spacing.
 
     Anything else, including a value out of range, returns ``None`` and goes to the general parser,
-    which decides (``tests/test_wire.py`` checks both paths agree on arbitrary input).
+    which decides (``tests/core/test_wire.py`` checks both paths agree on arbitrary input).
     """
     m = _CANONICAL.fullmatch(text)
     if m is None:
@@ -263,7 +237,7 @@ def parse_frame(text: str | bytes, now: float, limits: Limits = Limits()) -> Fra
 
     The same values as ``parse_question`` and then ``context.tab_from``, without the
     :class:`Question` in between, which the hot path of a server middleware never needs
-    (``tests/test_wire_caches.py``).
+    (``tests/core/test_wire_caches.py``).
     """
     decoded = _ascii(text)
     if isinstance(decoded, Malformed):

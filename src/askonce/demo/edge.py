@@ -79,7 +79,7 @@ def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
     if store is None:
         from askonce.stores.memory import MemoryStore
 
-        store = MemoryStore(askonce.context.monotonic)
+        store = MemoryStore(askonce._stats.monotonic)
     policy = ClientPolicy(
         layer="edge", originator=True, attempt_timeout=plan.timeout, deadline_grace=plan.grace,
         retry=RetryPolicy(attempts=plan.attempts, budget=plan.budget, deadline=plan.deadline,
@@ -114,7 +114,7 @@ async def _ask_askonce(client: httpx.AsyncClient, plan: EdgePlan, asked: Asked) 
             asked.status = naive.UNREACHABLE
             return
         asked.status = response.status_code
-        reply = askonce.extract_reply(response.headers)
+        reply = askonce.propagation.extract_reply(response.headers)
         asked.reason = None if reply is None else reply.reason
 
 

@@ -70,10 +70,10 @@ class Layer:
 
             store = AsyncRedisStore(settings.redis, prefix=f"{settings.prefix}:{self.name}")
         elif settings.mode == "askonce":
-            from askonce import context
+            from askonce import _stats
             from askonce.stores.memory import MemoryStore
 
-            store = MemoryStore(context.monotonic)  # fresh buckets and breakers for every run
+            store = MemoryStore(_stats.monotonic)  # fresh buckets and breakers for every run
         policy = ClientPolicy(
             layer=self.name,
             retry=RetryPolicy(attempts=settings.attempts,

@@ -63,10 +63,10 @@ class Api:
 
                 store = RedisStore(settings.redis, prefix=f"{settings.prefix}:{NAME}")
             else:
-                from askonce import context
+                from askonce import _stats
                 from askonce.stores.memory import MemoryStore
 
-                store = MemoryStore(context.monotonic)
+                store = MemoryStore(_stats.monotonic)
             policy = ClientPolicy(
                 layer=NAME,
                 retry=RetryPolicy(attempts=settings.attempts,

@@ -52,7 +52,7 @@ def check_redis(url: str) -> str | None:
     try:
         import redis
 
-        from askonce.ledger_store import RedisLedger  # noqa: F401
+        from askonce.ledger.store import RedisLedger  # noqa: F401
         from askonce.stores.aredis import AsyncRedisStore  # noqa: F401
         from askonce.stores.redis import RedisStore  # noqa: F401
     except ImportError as exc:

@@ -114,12 +114,12 @@ class Target:
         if s.mode == "askonce":
             policy = LedgerPolicy(window=600.0, max_exact_keys=200_000)
             if s.redis is not None:
-                from askonce.ledger_store import RedisLedger
+                from askonce.ledger.store import RedisLedger
 
                 self.ledger = RedisLedger(s.redis, prefix=s.prefix, policy=policy,
                                           flush_interval=0.1)
             else:
-                from askonce.ledger_store import MemoryLedger
+                from askonce.ledger.store import MemoryLedger
 
                 self.ledger = MemoryLedger(policy)
             self.askonce_app = AskonceASGIMiddleware(self.work_app, layer="target",
@@ -150,7 +150,7 @@ class Target:
                 if wanted == _ID:
                     key = text or None
                 else:
-                    q = askonce.extract({"askonce-question": text})
+                    q = askonce.propagation.extract({"askonce-question": text})
                     key = None if q is None else q.key
                 break
         if key is None:

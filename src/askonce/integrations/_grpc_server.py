@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from askonce.context import count
+from askonce._stats import count
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, Limits, Reply, format_reply
 from askonce.integrations._server import Answer, Arrival, LedgerLike, Secret, Server, ServerOptions
 
@@ -25,7 +25,7 @@ Code = grpc.StatusCode
 PUSHBACK = "grpc-retry-pushback-ms"
 _REFUSAL = {"cap": Code.RESOURCE_EXHAUSTED, "deadline": Code.DEADLINE_EXCEEDED}
 _QUESTION_BIN = QUESTION_HEADER + "-bin"
-_REPLY_BIN = REPLY_HEADER + "-bin"
+REPLY_BIN = REPLY_HEADER + "-bin"
 
 Metadata = Iterable[tuple[str, str | bytes]]
 

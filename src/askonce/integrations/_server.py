@@ -2,8 +2,9 @@
 
 The ASGI, WSGI (and gRPC) middlewares only move bytes; this module decides. For one arrival:
 
-1. ``context.serve`` extracts the question (clamped to the layer's limits) or mints one, and binds
-   it; a header that was sent but could not be used is *malformed* (``context.extract`` counts it);
+1. ``propagation.serve`` extracts the question (clamped to the layer's limits) or mints one, and
+   binds it; a header that was sent but could not be used is *malformed* (``propagation.extract``
+   counts it);
 2. the ledger, if one is wired, records the arrival (wall-clock seconds, the operation's route
    template, the principal); over the cap, the request is answered 429 with ``dnr`` reason ``cap``;
 3. a propagated deadline that has already passed is answered 503 with ``dnr`` reason ``deadline``;
@@ -17,13 +18,13 @@ replaced by the same 503. The request also runs inside :func:`askonce.client.rep
 that turns a downstream give-up *response* into an error of its own
 (``return Response(status_code=502)``) is caught the same way: when the app answers 5xx and the
 latest outgoing call that gave up said do-not-retry, the answer carries that do-not-retry
-(``Reply(min(left, r.budget), True, r.reason, r.pushback)``, the rule of ``context.Serving.reply``).
+(``Reply(min(left, r.budget), True, r.reason, r.pushback)``, the rule of
+``propagation.Serving.reply``).
 A handler that answers 2xx-4xx after a give-up keeps its answer, without it.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,24 +32,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, cast
 
-from askonce import context
-from askonce.client_replies import Record, recording
-from askonce.client_replies import _record as _give_ups  # the context variable of client.replies()
-from askonce.context import Serving, _frame
+from askonce import _context, _stats, propagation
+from askonce._context import FRAME
+from askonce.client.replies import RECORD as _give_ups  # the context variable of replies()
+from askonce.client.replies import Record, recording
 from askonce.core import is_int, is_real, wire
+from askonce.core.ledger.policy import MAX_OPERATION_CHARS
 from askonce.core.question import Frame
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
+from askonce.propagation import Serving
 
 UNMATCHED = "~unmatched"
 UNKNOWN = "~unknown"
-_MAX_OPERATION_CHARS = 160
 
 UNSIGNED = "~unsigned"
 
 # The core ledger is not thread-safe; every server integration in the process records under this
 # lock. Code that reads reports from the same ledger while requests are served takes it too. A
-# ledger that says ``thread_safe = True`` (the shells in ``askonce.ledger_store``) is called without
+# ledger that says ``thread_safe = True`` (the shells in ``askonce.ledger.store``) is called without
 # it: it has locks of its own, and a Redis ledger's record may wait on a round trip that must not
 # hold up every other request of the process.
 LEDGER_LOCK = threading.Lock()
@@ -72,7 +74,7 @@ class ServerOptions:
     ``originator=True`` mints attributable edge keys, otherwise local keys. ``principal`` and
     ``operation`` are called with the framework's request object (ASGI scope, WSGI environ, ...).
     ``edge_secret``: the originators' shared secret (or several, newest first, while rotating): an
-    arrival that says ``e`` without a signature that verifies (``askonce.signing``) is recorded by
+    arrival that says ``e`` without a signature that verifies (``core.signing``) is recorded by
     the ledger as not attributable, re-minted by origin ``"~unsigned"``, and counted as
     ``ledger.edge.unsigned``; an originator layer signs the keys it mints with the first secret.
     """
@@ -118,7 +120,7 @@ class ServerOptions:
                                      f"got {secret!r}")
                 secret = tuple(cast(Sequence[Secret], secret))
                 object.__setattr__(self, "edge_secret", secret)
-            from askonce.signing import verify_key  # hmac loads only when keys are signed
+            from askonce.core.signing import verify_key  # hmac loads only when keys are signed
 
             try:
                 # Refuses a secret that is too short, or an empty sequence.
@@ -232,8 +234,8 @@ def note_failure(exc: BaseException) -> None:
         arrival._noted = exc
 
 
-class _Values:
-    """The question header's raw values as ``context.extract`` reads them.
+class Values:
+    """The question header's raw values as ``propagation.extract`` reads them.
 
     Duplicates are malformed.
     """
@@ -261,7 +263,7 @@ class Server:
         self._mint_secret: Secret | None = None
         self._verify: Callable[[str, bytes | None], bool] | None = None
         if secret is not None:
-            from askonce.signing import verify_key
+            from askonce.core.signing import verify_key
 
             first = secret if isinstance(secret, str | bytes) else secret[0]
             self._mint_secret = first if options.originator else None
@@ -272,42 +274,43 @@ class Server:
         """Extract or mint and bind the question; decide whether the app may run.
 
         :meth:`close` unbinds. What :meth:`arrive` does, without a generator:
-        ``askonce.client.replies()`` and ``askonce.context.serve()`` spelled out, because this runs
+        ``askonce.client.replies()`` and ``propagation.serve()`` spelled out, because this runs
         for every request, where generator-based context managers are comparatively slow. The
         arrival itself is the record of the app's give-ups.
         """
         o = self.options
-        now = context.monotonic()
+        now = _stats.monotonic()
         frame: Frame | None = None
-        if len(values) == 1:  # context.extract, spelled out for the usual case, straight into a Tab
+        if len(values) == 1:  # propagation.extract, spelled out for the usual case, into a Tab
             parsed = wire.parse_frame(values[0], now, o.limits)
             if type(parsed) is tuple:
                 frame = parsed
             else:
-                context.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
+                _stats.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
         elif values:
             # Duplicates: malformed, counted there.
-            q = context.extract(_Values(values), limits=o.limits, now=now)
+            q = propagation.extract(Values(values), limits=o.limits, now=now)
             if q is not None:
-                frame = (context.tab_from(q), q.path)
+                frame = (propagation.tab_from(q), q.path)
         minted = frame is None
         if frame is not None:
             tab = frame[0]
         else:
-            # As context.serve mints: a local key, or an edge key (signed) at an originator; lazily.
-            tab = context.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now,
+            # As propagation.serve mints: a local key, or a (signed) edge key at an originator;
+            # lazily.
+            tab = propagation.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now,
                                      self._mint_secret)
             frame = (tab, ())
         arrival = Arrival(Serving(tab, minted), bool(values) and minted)
         # client.record_replies(arrival)
-        arrival._tokens = (_frame.set(frame), _give_ups.set(arrival))
+        arrival._tokens = (FRAME.set(frame), _give_ups.set(arrival))
         try:
             if o.ledger is not None and not self._record(arrival, request, route):
-                context.count("server.refused.cap")
+                _stats.count("server.refused.cap")
                 arrival.answer = Answer(429, Reply(tab.account.left, True, "cap"))
             elif (o.shed_deadline and arrival.deadline is not None
-                  and arrival.deadline <= context.monotonic()):
-                context.count("server.shed.deadline")
+                  and arrival.deadline <= _stats.monotonic()):
+                _stats.count("server.shed.deadline")
                 arrival.answer = self.deadline_answer(arrival)
         except BaseException:
             self.close(arrival)
@@ -318,7 +321,7 @@ class Server:
         """Unbind what :meth:`open` bound (in the same context)."""
         frame, record = arrival._tokens
         _give_ups.reset(record)  # client.stop_recording
-        _frame.reset(frame)
+        FRAME.reset(frame)
 
     @contextmanager
     def arrive(self, values: Sequence[str | bytes], request: Any,
@@ -354,7 +357,7 @@ class Server:
         operation = _call(o.operation or route, request, "operation")
         principal = "" if o.principal is None else _call(o.principal, request, "principal")
         tab = arrival.serving.tab
-        frame = context.current_frame()
+        frame = _context.current_frame()
         now = time.time()  # the ledger's windows are on the wall clock, shared by replicas
         lock = self._lock
         try:
@@ -368,7 +371,7 @@ class Server:
                                          malformed=arrival.malformed)
             edge, origin = tab.edge, tab.origin
             if edge and self._verify is not None and not self._verify(tab.key, tab.sig):
-                context.count("ledger.edge.unsigned")
+                _stats.count("ledger.edge.unsigned")
                 edge, origin = False, UNSIGNED
             if lock is None:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
@@ -377,7 +380,7 @@ class Server:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
                                      path=frame[1], principal=principal)
         except Exception:  # a failing ledger must never fail the request: let it through, visibly
-            context.count("server.ledger.error")
+            _stats.count("server.ledger.error")
             return True
 
     def deadline_answer(self, arrival: Arrival) -> Answer:
@@ -410,7 +413,7 @@ class Server:
     def count_give_up(answer: Answer) -> None:
         # A reason is any token a callee sent: only the known ones get a counter of their own.
         reason = answer.reply.reason
-        context.count(f"server.gave-up.{reason if reason in wire.REASONS else 'other'}")
+        _stats.count(f"server.gave-up.{reason if reason in wire.REASONS else 'other'}")
 
 
 def _single(exc: BaseException) -> BaseException:
@@ -426,28 +429,9 @@ def _call(fn: Callable[[Any], str], request: Any, what: str) -> str:
     try:
         value = fn(request)
     except Exception:
-        context.count(f"server.{what}.error")
+        _stats.count(f"server.{what}.error")
         return UNKNOWN
     if not isinstance(value, str):
-        context.count(f"server.{what}.error")
+        _stats.count(f"server.{what}.error")
         return UNKNOWN
-    return value[:_MAX_OPERATION_CHARS]
-
-
-_ID_SEGMENT = re.compile(
-    r"[0-9]+"  # numbers
-    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # UUIDs
-    r"|[0-9a-fA-F]{16,}"  # hex digests, object ids
-    r"|(?=[A-Za-z_-]*[0-9])[0-9A-Za-z_-]{20,}"  # long opaque tokens with a digit (ULID, base64)
-)
-
-
-def path_template(method: str, path: str) -> str:
-    """The fallback operation name: ``"GET /items/{id}"`` for ``GET /items/42``.
-
-    Numeric, UUID, long hex and long opaque segments become ``{id}``; the name is bounded in length.
-    Used when the framework's route table cannot be read.
-    """
-    segments = path.split("/")
-    out = "/".join("{id}" if _ID_SEGMENT.fullmatch(s) else s for s in segments)
-    return f"{method} {out}"[:_MAX_OPERATION_CHARS]
+    return value[:MAX_OPERATION_CHARS]

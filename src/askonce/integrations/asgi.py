@@ -40,7 +40,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from askonce import context
+from askonce import _stats
+from askonce.core.ledger.policy import path_template
 from askonce.core.wire import Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
@@ -52,7 +53,6 @@ from askonce.integrations._server import (
     Server,
     ServerOptions,
     note_failure,
-    path_template,
 )
 
 __all__ = ["LEDGER_LOCK", "AskonceASGIMiddleware", "note_failure"]
@@ -144,7 +144,7 @@ class AskonceASGIMiddleware:
             except asyncio.CancelledError:
                 if not ex.finish():
                     raise
-                context.count(f"server.cancelled.{ex.reason}")
+                _stats.count(f"server.cancelled.{ex.reason}")
                 if ex.reason == "deadline" and not ex.started:
                     await _send_answer(send, server.deadline_answer(arrival))
                 return  # after a disconnect there is nobody to answer
@@ -265,7 +265,7 @@ class _Exchange:
             loop = self.task.get_loop()
             deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
             if deadline is not None:
-                if deadline - context.monotonic() <= WATCH_AFTER + SWEEP_EVERY:
+                if deadline - _stats.monotonic() <= WATCH_AFTER + SWEEP_EVERY:
                     self.arm(loop)  # sooner than the sweep would come by: a timer of its own now
                 else:
                     self.timing = True
@@ -283,7 +283,7 @@ class _Exchange:
         """The timer that cancels the handler at the propagated deadline."""
         deadline = self.arrival.deadline
         assert deadline is not None
-        self.timer = loop.call_later(max(0.0, deadline - context.monotonic()), self.cancel,
+        self.timer = loop.call_later(max(0.0, deadline - _stats.monotonic()), self.cancel,
                                      "deadline")
 
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:

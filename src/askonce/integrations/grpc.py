@@ -32,19 +32,20 @@ from typing import Any, NamedTuple
 import grpc
 from grpc import aio
 
+from askonce._stats import count
 from askonce.client import Caller, ClientPolicy, Outcome
-from askonce.context import count, extract_reply
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
 from askonce.core.wire import MAX_BUDGET, QUESTION_HEADER, REPLY_HEADER, Reply
 from askonce.integrations._grpc_server import (
-    _REPLY_BIN,
     PUSHBACK,
+    REPLY_BIN,
     AskonceServerInterceptor,
     AsyncAskonceServerInterceptor,
     Code,
     Metadata,
 )
-from askonce.integrations._server import _Values
+from askonce.integrations._server import Values
+from askonce.propagation import extract_reply
 from askonce.stores.base import AsyncStore, Store
 
 __all__ = [
@@ -96,8 +97,8 @@ def judge_status(code: grpc.StatusCode, details: str | None, trailing: Metadata 
     """
     trailing = tuple(trailing or ())
     # Two replies: malformed.
-    reply = extract_reply(_Values([v for k, v in trailing if k == REPLY_HEADER]))
-    if any(k == _REPLY_BIN for k, _ in trailing):
+    reply = extract_reply(Values([v for k, v in trailing if k == REPLY_HEADER]))
+    if any(k == REPLY_BIN for k, _ in trailing):
         count("malformed.reply.binary")  # the reply is ASCII metadata; a binary one is not read
     if code == Code.OK:
         return Outcome(None, reply, True)

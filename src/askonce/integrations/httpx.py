@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from askonce._stats import count
 from askonce.client import (
     LOST_OUTCOME,
     REFUSED_OUTCOME,
@@ -34,7 +35,6 @@ from askonce.client import (
     judge_reply,
     reply_from,
 )
-from askonce.context import count
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
 

@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
-from askonce import context
+from askonce import _context, _stats, propagation
 from askonce.core.question import Question
 from askonce.core.wire import QUESTION_HEADER, Limits
 
@@ -42,7 +42,7 @@ class AskonceSpanProcessor:
     """A span processor (duck-typed to the SDK's ``SpanProcessor``) stamping the bound question."""
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        q = context.current()
+        q = _context.current()
         if q is not None:
             span.set_attributes(attributes(q))
 
@@ -62,10 +62,10 @@ class AskonceSpanProcessor:
 def to_baggage(ctx: otel_context.Context | None = None, *,
                timeout: float | None = None) -> otel_context.Context:
     """A context whose baggage carries the bound question (``ctx`` unchanged if none is bound)."""
-    frame = context.current_frame()
+    frame = _context.current_frame()
     if frame is None:
         return ctx if ctx is not None else otel_context.get_current()
-    value = context.question_header(frame, context.monotonic(), timeout)
+    value = propagation.question_header(frame, _stats.monotonic(), timeout)
     return baggage.set_baggage(BAGGAGE_KEY, value, context=ctx)
 
 
@@ -78,4 +78,4 @@ def from_baggage(ctx: otel_context.Context | None = None, *,
     value = baggage.get_baggage(BAGGAGE_KEY, context=ctx)
     if not isinstance(value, str):
         return None
-    return context.extract({QUESTION_HEADER: value}, limits=limits)
+    return propagation.extract({QUESTION_HEADER: value}, limits=limits)

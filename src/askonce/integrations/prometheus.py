@@ -57,10 +57,10 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
-from askonce import context
+from askonce import _stats
 from askonce.core import is_int
 from askonce.core.ledger import OTHER, OperationReport, Report
-from askonce.ledger_store import LedgerShell
+from askonce.ledger.store import LedgerShell
 
 __all__ = ["LedgerCollector", "register"]
 
@@ -137,7 +137,7 @@ class LedgerCollector:
             report = self._report(self._clock())
         except Exception:
             self._errors += 1
-            context.count("prometheus.report.error")
+            _stats.count("prometheus.report.error")
             return
         shown: dict[tuple[str, float], dict[Series, float]] = {}
         latest: dict[str, OperationReport] = {}
@@ -232,7 +232,7 @@ class LedgerCollector:
                                      "askonce.stats(): events that must not pass silently",
                                      labels=["event"])
         folded: dict[str, int] = {}
-        for i, (event, n) in enumerate(sorted(context.stats().items())):
+        for i, (event, n) in enumerate(sorted(_stats.stats().items())):
             name = event if i < self._max_events else OTHER
             folded[name] = folded.get(name, 0) + n
         for event, n in folded.items():

@@ -27,6 +27,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util import Timeout
 from urllib3.util.retry import Retry
 
+from askonce._stats import count
 from askonce.client import (
     LOST_OUTCOME,
     REFUSED_OUTCOME,
@@ -36,7 +37,6 @@ from askonce.client import (
     is_idempotent,
     judge_http,
 )
-from askonce.context import count
 from askonce.core import is_real
 from askonce.core.wire import QUESTION_HEADER
 from askonce.stores.base import AsyncStore, Store

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-from askonce import context
+from askonce import _stats
+from askonce.core.ledger.policy import path_template
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
@@ -37,7 +38,6 @@ from askonce.integrations._server import (
     Server,
     ServerOptions,
     note_failure,
-    path_template,
 )
 
 __all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "note_failure"]
@@ -173,7 +173,7 @@ def _replace(server: Server, start_response: StartResponse, answer: Answer,
     try:
         _start(start_response, answer, exc_info)
     except BaseException:
-        context.count("server.gave-up.unsent")
+        _stats.count("server.gave-up.unsent")
         raise
     server.count_give_up(answer)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from askonce import context
+from askonce import _stats
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
 from askonce.stores._redis_lua import LUA_BREAKER, LUA_BUCKET, BreakerReply, text
@@ -134,7 +134,7 @@ class AsyncRedisStore(StoreBase):
 
     def __init__(self, client_or_url: str | aioredis.Redis, *, prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
-                 deposit_batch: int = 32, clock: Callable[[], float] = context.monotonic,
+                 deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
                  max_targets: int = 4096) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)

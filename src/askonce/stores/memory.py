@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from askonce.context import count
+from askonce._stats import count
 from askonce.core.breaker import Breaker, BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy, TokenBucket
 

@@ -46,8 +46,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from askonce import context
-from askonce.context import count
+from askonce import _stats
+from askonce._stats import count
 from askonce.core import is_int, is_real
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
@@ -419,7 +419,7 @@ class RedisStore(StoreBase):
 
     def __init__(self, client_or_url: str | redis.Redis, *, prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
-                 deposit_batch: int = 32, clock: Callable[[], float] = context.monotonic,
+                 deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
                  max_targets: int = 4096) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)

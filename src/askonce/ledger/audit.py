@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from askonce import context
+from askonce import _stats
 from askonce.core import is_int, is_real, wire
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 from askonce.core.wire import Limits, Malformed
@@ -153,7 +153,7 @@ def _unescape(text: str) -> str:
 
 
 def _operation(method: str, path: str) -> str:
-    from askonce.integrations._server import path_template  # the live targets' fallback naming
+    from askonce.core.ledger.policy import path_template  # the live targets' fallback naming
 
     return path_template(method, path.split("?", 1)[0])
 
@@ -196,7 +196,7 @@ class _Auditor:
             return
         edge = q.edge
         if edge and self.secret is not None:
-            from askonce.signing import verify_edge
+            from askonce.core.signing import verify_edge
 
             edge = verify_edge(header, self.secret)
         self.ledger.record(t, operation, key=q.key, edge=edge, origin=q.origin, path=q.path,
@@ -318,7 +318,7 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
                 policy: LedgerPolicy = AUDIT_POLICY,
                 secret: bytes | str | Sequence[bytes | str] | None = None) -> AuditResult:
     """Audit log lines (bytes; ``None`` marks a line too long to read). ``secret``: count ``e`` as
-    an edge key only with a valid signature (:mod:`askonce.signing`)."""
+    an edge key only with a valid signature (:mod:`askonce.core.signing`)."""
     auditor = _Auditor(fmt, policy, secret)
     record = auditor.record
     n = 0
@@ -332,7 +332,7 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
             n -= 1  # blank lines are no arrivals and no errors
     for reason, count in auditor.bad.items():
         auditor.ledger.note_dropped(count, f"bad line: {reason}")
-        context.count(f"audit.bad.{reason}", count)
+        _stats.count(f"audit.bad.{reason}", count)
     now = auditor.last if auditor.last is not None else 0.0
     return AuditResult(auditor.ledger.report(now), n, dict(auditor.bad), auditor.first,
                        auditor.last)

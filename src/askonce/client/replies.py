@@ -32,7 +32,7 @@ class Record:
         self.last = last  # the reply of the latest give-up
 
 
-_record: ContextVar[Record | None] = ContextVar("askonce.client.record", default=None)
+RECORD: ContextVar[Record | None] = ContextVar("askonce.client.record", default=None)
 
 
 @contextmanager
@@ -57,18 +57,18 @@ def record_replies(record: Record | None = None) -> Token[Record | None]:
     when the request is done, or drop it when the context is the request's own and is thrown away
     with it. ``record``: where to record (a fresh :class:`Record` if not given).
     """
-    return _record.set(Record() if record is None else record)
+    return RECORD.set(Record() if record is None else record)
 
 
 def stop_recording(token: Token[Record | None]) -> None:
     """End what :func:`record_replies` started: the record in place before it is back."""
-    _record.reset(token)
+    RECORD.reset(token)
 
 
 def recording() -> Record | None:
     """The record give-ups are written to now: the innermost :func:`replies` block's, or
     ``None``."""
-    return _record.get()
+    return RECORD.get()
 
 
 def last_reply() -> Reply | None:
@@ -77,19 +77,21 @@ def last_reply() -> Reply | None:
 
     Outside any ``replies()`` block: the latest give-up made in this very context (thread or task).
     """
-    record = _record.get()
+    record = RECORD.get()
     return None if record is None else record.last
 
 
-def _note(reply: Reply) -> None:
-    record = _record.get()
+def note(reply: Reply) -> None:
+    """Record a give-up's reply for ``last_reply()`` in the running context."""
+    record = RECORD.get()
     if record is None:
-        _record.set(Record(reply))
+        RECORD.set(Record(reply))
     else:
         record.last = reply
 
 
-def _attach(response: object, reply: Reply) -> None:
-    # A response type with __slots__: last_reply() still has it.
+def attach(response: object, reply: Reply) -> None:
+    """Hang a give-up's reply on the response it came with (a type with ``__slots__``: skipped;
+    ``last_reply()`` still has it)."""
     with suppress(AttributeError, TypeError):
         response.askonce_reply = reply  # type: ignore[attr-defined]

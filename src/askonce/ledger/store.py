@@ -9,7 +9,7 @@ expose exactly what the server integrations call:
 ``record(now, operation, *, key, edge, origin, path, principal, malformed) -> bool`` and
 ``report(now)``; ``now`` is wall-clock seconds so that replicas agree on windows.
 
-What lives in Redis (see :mod:`askonce._ledger_redis` for the key layout and the scripts): per
+What lives in Redis (see :mod:`askonce.ledger._redis` for the key layout and the scripts): per
 window and operation, counters, a hash of arrivals per (principal, key), a hash of arrivals per
 (key, path), a HyperLogLog (PFADD/PFCOUNT) of the attributable keys beyond the exact bound, and the
 retries per layer and re-mints per origin; every key has a TTL of ``windows_kept + 2`` windows and
@@ -39,11 +39,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from askonce import _ledger_redis as lr
-from askonce import context
-from askonce._ledger_redis import COUNTED, REFUSED
+from askonce import _stats
 from askonce.core import is_int
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
+from askonce.ledger import _redis as lr
+from askonce.ledger._redis import COUNTED, REFUSED
 
 if TYPE_CHECKING:
     import redis
@@ -127,18 +127,18 @@ class _Health:
     def failed(self, what: str, exc: BaseException) -> None:
         from askonce.stores.redis import error_reason
 
-        context.count(f"ledger.redis.error.{error_reason(exc)}")
+        _stats.count(f"ledger.redis.error.{error_reason(exc)}")
         first = self.down_until is None
         self.down_until = self._clock() + self._retry_after
         if first:
-            context.count("ledger.redis.down")
+            _stats.count("ledger.redis.down")
             log.warning("askonce: ledger cannot reach Redis (%s: %r); buffering, local cap",
                         what, exc)
 
     def succeeded(self) -> None:
         if self.down_until is not None:
             self.down_until = None
-            context.count("ledger.redis.resumed")
+            _stats.count("ledger.redis.resumed")
             log.warning("askonce: ledger reaches Redis again")
 
 
@@ -251,13 +251,13 @@ class RedisLedger:
                     return 0
                 assert self._cap is not None
                 return COUNTED | (REFUSED if n > self._cap else 0)
-        context.count("ledger.redis.cap-fallback")
+        _stats.count("ledger.redis.cap-fallback")
         return -1
 
     def _drop_locked(self, n: int, reason: str) -> None:
         self.local.ledger.note_dropped(n, reason)
         self._unsent_dropped[reason] = self._unsent_dropped.get(reason, 0) + n
-        context.count(f"ledger.redis.dropped.{reason}", n)
+        _stats.count(f"ledger.redis.dropped.{reason}", n)
 
     def note_dropped(self, n: int, reason: str) -> None:
         """Count arrivals lost before :meth:`record` (shown locally, and shared at the next
@@ -274,7 +274,7 @@ class RedisLedger:
             try:
                 self.flush()
             except Exception:  # the flusher must outlive a bug anywhere in one flush
-                context.count("ledger.redis.flush-error")
+                _stats.count("ledger.redis.flush-error")
                 log.exception("askonce: ledger flush failed")
 
     def flush(self) -> bool:
@@ -293,7 +293,7 @@ class RedisLedger:
                     self._drop_locked(len(batch), "flush-error")
                 return False
             if expired:  # as the core forgets windows older than windows_kept: not a loss
-                context.count("ledger.redis.expired", expired)
+                _stats.count("ledger.redis.expired", expired)
             with self._lock:
                 if invalid:
                     self._drop_locked(invalid, "invalid")
@@ -375,5 +375,5 @@ def read_report(client: redis.Redis, now: float, *, prefix: str = "askonce",
     except LookupError:
         raise
     except Exception as exc:
-        context.count("ledger.redis.report-error")
+        _stats.count("ledger.redis.report-error")
         raise LedgerUnavailable(f"cannot read the shared ledger from Redis: {exc!r}") from exc

@@ -1,68 +1,35 @@
-"""In-process propagation: the question bound to the running code, and headers in and out.
+"""Propagation: binding a question to the running code, and moving it through headers.
 
-``question()`` mints a question at an originator and binds it; ``current()`` reads it; ``inject``
-and ``extract`` move it through a header mapping; ``serve`` is what a server integration wraps a
-request in: extract (or mint) and bind on the way in, the reply to send on the way out. Everything
-uses one ``ContextVar``, so the binding follows threads started with ``contextvars.copy_context``
-and asyncio tasks created inside the request.
+``question()`` mints a question at an originator and binds it; ``bind`` and ``fanout`` bind one
+that exists; ``inject`` and ``extract`` move it through a header mapping; ``outgoing`` forwards it
+on one call and holds the budget sent; ``serve`` is what a server integration wraps a request in:
+extract (or mint) and bind on the way in, the reply to send on the way out. The binding itself is
+:mod:`askonce._context`'s one ``ContextVar``.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from contextvars import ContextVar, Token
+from contextvars import Token
 from types import TracebackType
 from typing import Any
 
+from askonce import _stats
+from askonce._context import FRAME
+from askonce._stats import count
 from askonce.core import wire
 from askonce.core.question import Account, Frame, Hop, Question, Tab, mint_key
 from askonce.core.retry import ANSWERED, LOST, REFUSED, settle
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, Limits, Malformed, Reply
-
-_frame: ContextVar[Frame | None] = ContextVar("askonce.frame", default=None)
-
-monotonic: Callable[[], float] = time.monotonic
+from askonce.errors import reply_of
 
 
 def new_key() -> str:
     """A fresh question key: time-sortable, 128 random bits, URL-safe."""
     return mint_key(time.time_ns() // 1_000_000, os.urandom(16))
-
-
-# --- counters of what could not be used ----------------------------------------------------------
-
-_stats_lock = threading.Lock()
-_stats: dict[str, int] = {}
-
-
-def count(name: str, n: int = 1) -> None:
-    """Count an event that must not pass silently (a malformed header, a fallback, a dropped
-    record)."""
-    with _stats_lock:
-        _stats[name] = _stats.get(name, 0) + n
-
-
-def stats() -> dict[str, int]:
-    """A copy of the process-wide counters, e.g. ``{"malformed.question.budget": 3}``."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-# --- binding ------------------------------------------------------------------------------------
-
-
-def current() -> Question | None:
-    """A snapshot of the question bound to the running code, or ``None``."""
-    frame = _frame.get()
-    return None if frame is None else frame[0].snapshot(frame[1])
-
-
-def current_frame() -> Frame | None:
-    return _frame.get()
 
 
 def tab_from(q: Question, now: float | None = None) -> Tab:
@@ -83,7 +50,7 @@ def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None
 
 
 def _sign(key: str, secret: bytes | str) -> bytes:
-    from askonce.signing import mac  # hmac and hashlib load only when keys are signed
+    from askonce.core.signing import mac  # hmac and hashlib load only when keys are signed
 
     return mac(key, secret)
 
@@ -94,7 +61,7 @@ class question:
     ``budget`` is the number of retries the whole question may cost, across every layer below;
     ``deadline`` is seconds from now. ``origin`` names the minting layer; ``edge=True`` declares it
     an originator, whose keys the target counts as attributable. ``secret``: the originators' shared
-    secret; the key is then signed (``askonce.signing``) so that targets checking signatures can
+    secret; the key is then signed (``core.signing``) so that targets checking signatures can
     tell real edge keys from forged ones.
     """
 
@@ -117,7 +84,7 @@ class question:
                 f"deadline must be within (0, 86400] seconds or None, got {deadline!r}")
         if not wire.valid_name(origin):
             raise ValueError(f"origin must be a name like 'edge' or 'web-1', got {origin!r}")
-        now = monotonic()
+        now = _stats.monotonic()
         key = key or new_key()
         tab = Tab(key, origin, edge, Account(budget), None if deadline is None else now + deadline,
                   sig=_sign(key, secret) if edge and secret is not None else None)
@@ -126,13 +93,13 @@ class question:
         self._token: Token[Frame | None] | None = None
 
     def __enter__(self) -> Question:
-        self._token = _frame.set((self._tab, ()))
+        self._token = FRAME.set((self._tab, ()))
         return self.question
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._token is not None:
-            _frame.reset(self._token)
+            FRAME.reset(self._token)
             self._token = None
 
     async def __aenter__(self) -> Question:
@@ -148,11 +115,11 @@ def bind(q: Question | Tab, path: tuple[Hop, ...] | None = None) -> Iterator[Que
     """Bind an existing question (e.g. one ``extract`` returned) for the block."""
     tab = q if isinstance(q, Tab) else tab_from(q)
     hops = path if path is not None else (q.path if isinstance(q, Question) else ())
-    token = _frame.set((tab, hops))
+    token = FRAME.set((tab, hops))
     try:
         yield tab.snapshot(hops)
     finally:
-        _frame.reset(token)
+        FRAME.reset(token)
 
 
 @contextmanager
@@ -163,23 +130,32 @@ def fanout(label: str) -> Iterator[Question]:
     same children), and it draws on the parent's budget. Without a bound question this binds nothing
     new.
     """
-    frame = _frame.get()
+    frame = FRAME.get()
     if frame is None:
         raise LookupError("askonce.fanout() needs a bound question (askonce.question() or a "
                           "server middleware)")
     tab, path = frame
     child = tab.child(label)
-    token = _frame.set((child, path))
+    token = FRAME.set((child, path))
     try:
         yield child.snapshot(path)
     finally:
-        _frame.reset(token)
+        FRAME.reset(token)
 
 
 # --- headers ------------------------------------------------------------------------------------
 
 
-def _header(headers: Any, name: str) -> str | bytes | None:
+class Duplicate:
+    """What ``header_value`` returns for a header sent more than once (malformed as a whole)."""
+
+
+DUPLICATE = Duplicate()
+
+
+def header_value(headers: Any, name: str) -> str | bytes | Duplicate | None:
+    """The one value of header ``name`` in any mapping the integrations see; ``DUPLICATE`` if
+    it was sent more than once; ``None`` if absent."""
     getter = getattr(headers, "get_all", None) or getattr(headers, "get_list", None)
     # Multi-valued mappings (httpx, starlette, email.message): duplicates are malformed.
     if getter is not None:
@@ -187,7 +163,7 @@ def _header(headers: Any, name: str) -> str | bytes | None:
         if not values:
             return None
         if len(values) > 1:
-            return "\x00duplicate"
+            return DUPLICATE
         return values[0]  # type: ignore[no-any-return]
     value = headers.get(name)
     if value is None:
@@ -204,13 +180,13 @@ def extract(
     A malformed header is treated as absent and counted in ``askonce.stats()`` as
     ``malformed.question.<why>``; nothing raises.
     """
-    raw = _header(headers, QUESTION_HEADER)
+    raw = header_value(headers, QUESTION_HEADER)
     if raw is None:
         return None
-    if raw == "\x00duplicate":
+    if isinstance(raw, Duplicate):
         count("malformed.question.duplicate-header")
         return None
-    parsed = wire.parse_question(raw, monotonic() if now is None else now, limits)
+    parsed = wire.parse_question(raw, _stats.monotonic() if now is None else now, limits)
     if isinstance(parsed, Malformed):
         count(f"malformed.question.{parsed.reason}")
         return None
@@ -219,10 +195,10 @@ def extract(
 
 def extract_reply(headers: Mapping[str, str] | Any) -> Reply | None:
     """The reply in response ``headers``, or ``None`` if absent or malformed (counted)."""
-    raw = _header(headers, REPLY_HEADER)
+    raw = header_value(headers, REPLY_HEADER)
     if raw is None:
         return None
-    if raw == "\x00duplicate":
+    if isinstance(raw, Duplicate):
         count("malformed.reply.duplicate-header")
         return None
     parsed = wire.parse_reply(raw)
@@ -255,10 +231,11 @@ def inject(headers: MutableMapping[str, str], *, timeout: float | None = None,
     This only writes: the budget is not held in escrow. For a call whose reply you can read, prefer
     :class:`outgoing`, which holds what it forwards and settles it from the reply.
     """
-    frame = _frame.get()
+    frame = FRAME.get()
     if frame is None:
         return False
-    headers[QUESTION_HEADER] = question_header(frame, monotonic() if now is None else now, timeout)
+    now = _stats.monotonic() if now is None else now
+    headers[QUESTION_HEADER] = question_header(frame, now, timeout)
     return True
 
 
@@ -282,7 +259,7 @@ class outgoing:
 
     def __init__(self, headers: MutableMapping[str, str], *, timeout: float | None = None,
                  now: float | None = None) -> None:
-        self._frame = _frame.get()
+        self._frame = FRAME.get()
         self._held = 0
         self._settled = False
         self.reply: Reply | None = None
@@ -291,7 +268,7 @@ class outgoing:
             self._held = account.hold(account.left)
             try:
                 headers[QUESTION_HEADER] = question_header(
-                    self._frame, monotonic() if now is None else now, timeout, self._held)
+                    self._frame, _stats.monotonic() if now is None else now, timeout, self._held)
             # Nothing was sent (a bad timeout, a key minter that failed): give it back.
             except BaseException:
                 account.release(self._held)
@@ -337,8 +314,6 @@ class outgoing:
         elif getattr(e, "askonce_reached", None) is False:
             self._settle(REFUSED, None)
         else:
-            from askonce.errors import reply_of
-
             reply = reply_of(e)
             self._settle(LOST if reply is None else ANSWERED, reply)
 
@@ -359,9 +334,6 @@ class Serving:
     def reply(self, error: BaseException | None = None) -> Reply:
         """The reply for the caller: what is left of the budget, and do-not-retry if a give-up says
         so."""
-        # errors imports the core only; kept local to avoid a cycle
-        from askonce.errors import reply_of
-
         inner = None if error is None else reply_of(error)
         left = self.tab.account.left
         if inner is not None and inner.dnr:
@@ -390,7 +362,7 @@ def serve(
     one is given); any other layer mints a local key (``edge=False``, origin ``layer``) that the
     target's ledger reads as re-minted by this layer.
     """
-    now = monotonic()
+    now = _stats.monotonic()
     q = extract(headers, limits=limits, now=now)
     if q is not None:
         tab, path, minted = tab_from(q), q.path, False
@@ -398,8 +370,8 @@ def serve(
         tab = minted_tab(layer, originator, budget, deadline, limits, now,
                          secret if originator else None)
         path, minted = (), True
-    token = _frame.set((tab, path))
+    token = FRAME.set((tab, path))
     try:
         yield Serving(tab, minted)
     finally:
-        _frame.reset(token)
+        FRAME.reset(token)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from askonce import context
+from askonce import _stats, propagation
 from askonce.core import is_int, is_real
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
@@ -151,14 +151,14 @@ def parse_retry_after(value: str | bytes | None, wall: float | None = None) -> f
         value = value.decode("latin-1")
     text = value.strip()
     if not text or len(text) > 64 or not text.isascii():
-        context.count("malformed.retry-after")
+        _stats.count("malformed.retry-after")
         return None
     if text.isdigit():
         return min(float(text), MAX_RETRY_AFTER) if len(text) <= 12 else MAX_RETRY_AFTER
     try:
         when = email.utils.parsedate_to_datetime(text).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
-        context.count("malformed.retry-after")
+        _stats.count("malformed.retry-after")
         return None
     seconds = when - (time.time() if wall is None else wall)
     return min(max(0.0, seconds), MAX_RETRY_AFTER) if math.isfinite(seconds) else None
@@ -199,7 +199,7 @@ _MAX_CACHED_REPLIES = 256
 
 
 class _Raw:
-    """Raw ``askonce-reply`` values, as ``context.extract_reply`` reads them (two or more:
+    """Raw ``askonce-reply`` values, as ``propagation.extract_reply`` reads them (two or more:
     malformed)."""
 
     __slots__ = ("values",)
@@ -215,28 +215,30 @@ def reply_from(values: Sequence[str | bytes]) -> Reply | None:
     """The reply among a response's raw ``askonce-reply`` values; ``None`` if absent or malformed
     (counted).
 
-    What ``context.extract_reply`` returns for a header mapping holding ``values``, read from a
+    What ``propagation.extract_reply`` returns for a header mapping holding ``values``, read from a
     cache for the values seen before.
     """
     if len(values) == 1:
         return _cached(values[0], _Raw(values))
-    return None if not values else context.extract_reply(_Raw(values))
+    return None if not values else propagation.extract_reply(_Raw(values))
 
 
 def read_reply(headers: Any) -> Reply | None:
-    """``context.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can
+    """``propagation.extract_reply(headers)``, read from the cache of :func:`reply_from` when it can
     be."""
-    raw = context._header(headers, REPLY_HEADER)
+    raw = propagation.header_value(headers, REPLY_HEADER)
+    if isinstance(raw, propagation.Duplicate):
+        return propagation.extract_reply(headers)  # counts it
     return None if raw is None else _cached(raw, headers)
 
 
 def _cached(raw: str | bytes, headers: Any) -> Reply | None:
     """The reply whose raw value is ``raw``: from the cache, else
-    ``context.extract_reply(headers)``."""
+    ``propagation.extract_reply(headers)``."""
     cached = _REPLIES.get(raw)
     if cached is not None:
         return cached
-    reply = context.extract_reply(headers)
+    reply = propagation.extract_reply(headers)
     if reply is not None and len(raw) <= 64 and len(_REPLIES) < _MAX_CACHED_REPLIES:
         _REPLIES[raw] = reply
     return reply

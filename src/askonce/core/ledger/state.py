@@ -1,6 +1,6 @@
 """The ledger's counting state: one operation in one window, and how it is summarised and merged.
 
-Internal to the ledger and its Redis twin (:mod:`askonce._ledger_redis`), which rebuilds an
+Internal to the ledger and its Redis twin (:mod:`askonce.ledger._redis`), which rebuilds an
 :class:`OperationState` from Redis counters to summarise it the same way. Not public API.
 """
 
@@ -10,11 +10,11 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from askonce.core.ledger_report import HeavyKey, Kind, OperationReport, PerKey, ratio
-from askonce.core.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.report import HeavyKey, Kind, OperationReport, PerKey, ratio
+from askonce.core.ledger.sketch import Frequent, HyperLogLog, digest64
 
 if TYPE_CHECKING:
-    from askonce.core.ledger import LedgerPolicy
+    from askonce.core.ledger.policy import LedgerPolicy
 
 OTHER = "~other"
 HLL_PRECISION = 14

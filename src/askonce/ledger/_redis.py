@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from askonce.core.ledger import LedgerPolicy, OperationReport, Report
-from askonce.core.ledger_state import OperationState, Seen, summarize
-from askonce.core.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.state import OperationState, Seen, summarize
 
 if TYPE_CHECKING:
     import redis

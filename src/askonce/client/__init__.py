@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol, TypeVar, cast
 
-from askonce import context
+from askonce import _stats, propagation
+from askonce._context import FRAME
 from askonce._loop import AttemptContext, Pass, Tried, give_up, steps
-from askonce.client_policy import (
+from askonce.client.policy import (
     DEFAULT_RETRY,
     IDEMPOTENT_METHODS,
     LOST_OUTCOME,
@@ -46,17 +47,16 @@ from askonce.client_policy import (
     read_reply,
     reply_from,
 )
-from askonce.client_replies import (
+from askonce.client.replies import (
     Record,
-    _attach,
-    _note,
+    attach,
     last_reply,
+    note,
     record_replies,
     recording,
     replies,
     stop_recording,
 )
-from askonce.context import _frame
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
@@ -71,6 +71,7 @@ from askonce.core.retry import (
     settle,
 )
 from askonce.core.wire import format_question
+from askonce.stores import default_store  # the one store `@askonce.retry` layers share
 from askonce.stores.base import (
     AsyncBreakerHandle,
     AsyncBucketHandle,
@@ -150,9 +151,9 @@ class AsyncExchange(Protocol[R]):
 def _end(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float | None) -> None:
     """A give-up: recorded for :func:`last_reply`; the last response is returned with the reply
     attached (``response.askonce_reply``), and with no response the loop's exception is raised."""
-    _note(action.reply)
+    note(action.reply)
     if last is not None and last.response is not None:
-        _attach(last.response, action.reply)
+        attach(last.response, action.reply)
         return
     give_up(state, action, last, retry_at)
 
@@ -179,10 +180,10 @@ class _Call:
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                  idempotent: bool, now: float) -> None:
         policy = caller.policy
-        frame = _frame.get()
+        frame = FRAME.get()
         if frame is None:  # each call with nothing bound is a question of its own
             retry = policy.retry
-            self.tab = Tab(context.new_key(), policy.layer, policy.originator,
+            self.tab = Tab(propagation.new_key(), policy.layer, policy.originator,
                            Account(retry.budget),
                            None if retry.deadline is None else now + retry.deadline)
             self.path: tuple[Hop, ...] = ()
@@ -235,7 +236,8 @@ class _Call:
         limit = self.limit(caller.policy, now)
         forwarded = state.given(limit, caller.policy.deadline_grace, now)
         try:
-            return limit, context.question_header(attempt.frame, now, forwarded, state.forward())
+            header = propagation.question_header(attempt.frame, now, forwarded, state.forward())
+            return limit, header
         except BaseException as exc:
             state.unsent()
             return Tried(Failure(retryable=False), None, error=exc, fatal=True)
@@ -278,11 +280,9 @@ class Caller:
                     and not callable(getattr(store, kind, None))):
                 raise ValueError(f"store must be an askonce store (a {kind}(target, policy) "
                                  f"method), got {store!r}")
-        from askonce.retrying import default_store  # the one store `@askonce.retry` layers share
-
         self.policy = policy
         self.store: Store | AsyncStore = store if store is not None else default_store()
-        self.clock = clock or context.monotonic
+        self.clock = clock or _stats.monotonic
         self.random = random or _random.random
         self._sleep = sleep
         # A store without breakers is refused now rather than at the first call.
@@ -312,7 +312,7 @@ class Caller:
                                               call.tab.deadline, now)
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
-        tab = call.tab  # the limit already holds the deadline: what context.question_header sends
+        tab = call.tab  # the limit already holds the deadline: what question_header sends
         try:
             header = format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first,
                                      tab.sig)

@@ -2,7 +2,7 @@
 
 ::
 
-    from askonce.report_app import ReportApp
+    from askonce.ledger.report_app import ReportApp
     app = ReportApp(ledger)                    # serve it alone (uvicorn module:app), or
     app = ReportApp(ledger, app=your_app)      # in front of your app: other paths go to it
 
@@ -24,9 +24,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from askonce import context
+from askonce import _stats
 from askonce.core import is_real
-from askonce.ledger_store import LedgerShell
+from askonce.ledger.store import LedgerShell
 
 __all__ = ["ReportApp"]
 
@@ -102,7 +102,7 @@ class ReportApp:
             report = await asyncio.to_thread(self.ledger.report, self.clock())
             body = json.dumps(report.to_dict(), allow_nan=False, separators=(",", ":"))
         except Exception as exc:  # a report that cannot be had is an answer, not a server crash
-            context.count("report_app.error")
+            _stats.count("report_app.error")
             return 503, json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return 200, body.encode()
 

@@ -8,7 +8,7 @@ installed) or JSON.
     askonce audit access.log.gz --format nginx               # the same figures from an access log
 
 ``cli.py`` registers these with :func:`add_report_parser` and :func:`add_audit_parser`;
-:func:`main` runs them alone (``python -m askonce.ledger_cli ...``). Exit status: 0, 1 when the
+:func:`main` runs them alone (``python -m askonce.ledger.cli ...``). Exit status: 0, 1 when the
 figures cannot be had (Redis away, no ledger under the prefix, an unreadable file), 2 for usage
 errors.
 """
@@ -50,7 +50,7 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from askonce.audit import AUDIT_POLICY
+    from askonce.ledger.audit import AUDIT_POLICY
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "audit",
@@ -129,7 +129,7 @@ def _redis_url(args: argparse.Namespace) -> str:
 def _from_redis(args: argparse.Namespace) -> dict[str, Any]:
     import redis
 
-    from askonce.ledger_store import read_report
+    from askonce.ledger.store import read_report
     from askonce.stores.redis import no_retry
 
     client = redis.Redis.from_url(_redis_url(args), socket_timeout=args.timeout,
@@ -151,8 +151,8 @@ def _from_url(url: str, timeout: float) -> dict[str, Any]:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from askonce.audit import LogFormat, audit_file
     from askonce.core.ledger import LedgerPolicy
+    from askonce.ledger.audit import LogFormat, audit_file
 
     try:  # the flags: a usage error (2)
         fmt = LogFormat(kind=args.format, question_field=args.question_field,
