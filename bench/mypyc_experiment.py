@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["askonce/core/wire.py", "askonce/core/question.py", "askonce/context.py", "askonce/client.py",
+MODULES = ["askonce/core/wire.py", "askonce/core/question.py", "askonce/propagation.py", "askonce/client/__init__.py",
            "askonce/integrations/_server.py", "askonce/integrations/asgi.py"]
 # What mypyc refuses in the pure source, changed in the copy only.
 PLAIN_CLASS = "\nfrom mypy_extensions import mypyc_attr\n\n\n@mypyc_attr(native_class=False)"
