@@ -2,12 +2,14 @@
 
 The breakers (``askonce.breakers``, ``@askonce.retry(breaker=...)``) ask :func:`is_failure` of every
 exception a guarded call raised. A cancellation, the caller's own 4xx and a do-not-retry answer
-about the question itself are no verdict: they say nothing about the target.
+about the question itself are no verdict: they say nothing about the target. The rule for replies
+is :func:`askonce.core.verdict.health`, which the HTTP and gRPC clients and the simulator use too.
 """
 
 from __future__ import annotations
 
 from askonce.core import is_int
+from askonce.core.verdict import health
 from askonce.errors import reply_of
 
 
@@ -26,7 +28,7 @@ def is_failure(exc: BaseException) -> bool:
         return False
     reply = reply_of(exc)
     if reply is not None and reply.dnr:
-        return reply.reason == "overloaded"
+        return health(True, reply) is False
     status = _status(exc)
     if status is not None and 400 <= status < 500:
         return status in (408, 429)

@@ -21,6 +21,7 @@ from askonce.core import is_int, is_real
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure, RetryPolicy
+from askonce.core.verdict import health
 from askonce.core.wire import REPLY_HEADER, Reply, valid_name
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
@@ -186,7 +187,7 @@ def judge_reply(policy: ClientPolicy, status: int, reply: Reply | None, headers:
     retry_after = parse_retry_after(headers.get("retry-after"), wall)
     retryable = status in policy.retry_statuses or (status in policy.throttle_statuses
                                                     and retry_after is not None)
-    return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, False)
+    return Outcome(Failure(retryable, reply, ANSWERED, retry_after), reply, health(True, reply))
 
 
 _ANSWERED_PLAIN = Outcome(None, None, True)

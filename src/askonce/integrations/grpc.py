@@ -35,6 +35,7 @@ from grpc import aio
 from askonce._stats import count
 from askonce.client import Caller, ClientPolicy, Outcome
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
+from askonce.core.verdict import health
 from askonce.core.wire import MAX_BUDGET, QUESTION_HEADER, REPLY_HEADER, Reply
 from askonce.integrations._grpc_server import (
     PUSHBACK,
@@ -118,11 +119,12 @@ def judge_status(code: grpc.StatusCode, details: str | None, trailing: Metadata 
             # No reply: it spent nothing.
             said = reply if reply is not None and reply.dnr else Reply(
                 MAX_BUDGET if reply is None else reply.budget, True, "overloaded")
-            return Outcome(Failure(False, said, delivery), said, False)
-        return Outcome(Failure(True, reply, delivery, back), reply, False)
+            return Outcome(Failure(False, said, delivery), said, health(True, said))
+        return Outcome(Failure(True, reply, delivery, back), reply, health(True, reply))
     retryable = code in retry_codes and (wait is None or wait >= 0)
     return Outcome(Failure(retryable, reply, delivery,
-                           wait if wait is not None and wait > 0 else None), reply, False)
+                           wait if wait is not None and wait > 0 else None), reply,
+                   health(True, reply))
 
 
 def _judge_error(error: Exception, codes: Collection[grpc.StatusCode]) -> Outcome | None:

@@ -31,6 +31,7 @@ from askonce.core.bucket import TokenBucket
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
 from askonce.core.retry import ANSWERED, LOST, Attempt, Failure, RetryPolicy, RetryState
+from askonce.core.verdict import health
 from askonce.core.wire import (
     MAX_BUDGET,
     Malformed,
@@ -293,8 +294,8 @@ class Sim:
         if child.ok:
             tried = Tried(None, True, reply, ANSWERED)
         else:
-            tried = (_FAILED if reply is None
-                     else Tried(Failure(True, reply, ANSWERED), False, reply, ANSWERED))
+            tried = (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
+                                                          health(True, reply), reply, ANSWERED))
         self._drive(c, tried, self.engine.now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:

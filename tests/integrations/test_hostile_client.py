@@ -1,0 +1,100 @@
+"""A client cannot open a breaker for everyone: answers about its own questions are no verdict.
+
+A real stack on 127.0.0.1: clients -> gateway (uvicorn, ASGI middleware, an httpx transport with a
+circuit breaker) -> target (uvicorn, ASGI middleware, a ledger with a per-key cap). One hostile
+client sends questions with a 1 ms deadline (the target sheds them: 503 ``r=deadline``) and re-sends
+one key past the cap (429 ``r=cap``), interleaved with ten well-behaved clients. Those refusals are
+about the hostile client's questions, so the gateway's breaker must not count them: the ten get
+every answer, as they do without the hostile client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+
+from askonce import BreakerPolicy, RetryPolicy
+from askonce.client import ClientPolicy
+from askonce.core.backoff import NO_WAIT
+from askonce.core.breaker import State
+from askonce.core.ledger import Ledger, LedgerPolicy
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, format_question, parse_reply
+from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.httpx import AsyncAskonceTransport
+from askonce.propagation import new_key
+from askonce.stores.memory import MemoryStore
+from e2e_services import uvicorn_running
+
+GOOD_CLIENTS, GOOD_EACH, HOSTILE = 10, 10, 200
+# Opens on a quarter of 10 calls failing: far more eager than the default, so that counting the
+# hostile client's refusals would open it at once.
+BREAKER = BreakerPolicy(failure_rate=0.25, minimum_calls=10, window_size=20, open_for=30.0)
+
+
+async def target_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await asyncio.sleep(0.005)  # longer than a 1 ms deadline: the middleware sheds those
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def gateway(target_url: str, store: MemoryStore) -> Any:
+    policy = ClientPolicy(layer="gw", retry=RetryPolicy(attempts=2, backoff=NO_WAIT), breaker=BREAKER)
+    client = httpx.AsyncClient(transport=AsyncAskonceTransport(policy=policy, store=store), timeout=5.0)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        r = await client.get(target_url + scope["path"])
+        await send({"type": "http.response.start", "status": r.status_code, "headers": []})
+        await send({"type": "http.response.body", "body": r.content})
+
+    return AskonceASGIMiddleware(app, layer="gw")
+
+
+def _reason(r: httpx.Response) -> str | None:
+    raw = r.headers.get(REPLY_HEADER)
+    reply = None if raw is None else parse_reply(raw)
+    return getattr(reply, "reason", None)
+
+
+def _run(with_hostile: bool) -> tuple[Counter[int], Counter[tuple[int, str | None]], State]:
+    store = MemoryStore(time.monotonic)
+    ledger = Ledger(LedgerPolicy(cap=2))
+    target = AskonceASGIMiddleware(target_app, layer="target", ledger=ledger)
+    with uvicorn_running(target) as target_url, uvicorn_running(gateway(target_url, store)) as gw:
+        good: Counter[int] = Counter()
+        hostile: Counter[tuple[int, str | None]] = Counter()
+        capped_key = new_key()
+        with httpx.Client(base_url=gw, timeout=10.0) as c:
+            for i in range(HOSTILE):
+                if with_hostile:
+                    if i % 2:  # a fresh question whose deadline is 1 ms
+                        header = format_question(new_key(), "evil", True, 2, 0.001)
+                    else:  # the same key again and again: past the target's cap of 2
+                        header = format_question(capped_key, "evil", True, 2, 5.0)
+                    r = c.get("/x", headers={QUESTION_HEADER: header})
+                    hostile[r.status_code, _reason(r)] += 1
+                if i % (HOSTILE // GOOD_EACH) == 0:
+                    for _ in range(GOOD_CLIENTS):
+                        good[c.get("/x").status_code] += 1
+        state = store.breaker(target_url, BREAKER).state(time.monotonic())
+    return good, hostile, state
+
+
+def test_a_hostile_client_does_not_change_what_the_others_get() -> None:
+    quiet, _, _ = _run(with_hostile=False)
+    good, hostile, state = _run(with_hostile=True)
+    assert sum(quiet.values()) == sum(good.values()) == GOOD_CLIENTS * GOOD_EACH
+    assert quiet[200] == GOOD_CLIENTS * GOOD_EACH
+    assert good[200] >= quiet[200] - GOOD_CLIENTS * GOOD_EACH // 100  # within 1 point
+    # The hostile client really was refused, for its questions' reasons, over and over.
+    assert hostile[503, "deadline"] >= HOSTILE // 2 - 5, hostile
+    # Past the cap: the target answers 429 r=cap; the gateway passes the status on.
+    assert sum(n for (status, _), n in hostile.items() if status == 429) >= HOSTILE // 2 - 5, hostile
+    assert state is State.CLOSED
