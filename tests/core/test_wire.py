@@ -311,3 +311,24 @@ def test_a_misconfigured_limit_is_a_value_error_naming_the_value(make: Any) -> N
     with pytest.raises(ValueError, match=r"got|not a single"):
         make()
 
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("v=1, b=2\t", True),  # OWS after the last member is discarded (RFC 9651 4.2.2)
+    ("v=1, b=2 \t ", True),
+    ("v=1,\tb=2", True),
+    ("\tv=1, b=2", False),  # before the first member only SP is discarded (4.2)
+    ("v=1, b=2,\t", False),  # a trailing comma stays malformed
+])
+def test_whitespace_around_members_as_rfc_9651_says(text: str, ok: bool) -> None:
+    import http_sfv
+
+    parsed = parse_reply(text)
+    assert (not isinstance(parsed, Malformed)) is ok
+    d = http_sfv.Dictionary()
+    try:
+        d.parse(text.encode())
+        sfv_ok = True
+    except ValueError:
+        sfv_ok = False
+    assert sfv_ok is ok  # the reference parser agrees

@@ -129,10 +129,11 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
         return Malformed("too-long")
     if not text.isascii():
         return Malformed("not-ascii")
+    # Leading SP only (RFC 9651 4.2); after a member, any OWS, tabs included (4.2.2).
     text = text.strip(" ")
     rx = _rx()
     out: dict[str, Value] = {}
-    pos, end = 0, len(text)
+    pos, end, last = 0, len(text), len(text.rstrip(" \t"))
     while pos < end:
         m = rx.member.match(text, pos)
         if m is None:
@@ -153,7 +154,7 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
                 return Malformed("syntax")
             out[key] = value
         pos = m.end()
-        if pos == end:
+        if pos >= last:  # the end, or only OWS after this member
             break
         sep = rx.sep.match(text, pos)
         if sep is None or sep.end() == end:  # something after a member, or a trailing comma
