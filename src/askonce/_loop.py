@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from askonce._context import FRAME
 
 if TYPE_CHECKING:
+    from askonce.core.admission import Admission
     from askonce.core.breaker import Breaker
     from askonce.core.bucket import TokenBucket
 from askonce.core.question import Frame, Hop, Tab
@@ -89,15 +90,16 @@ def give_up(state: RetryState, action: GiveUp, last: Tried | None, retry_at: flo
 def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[], float],
           bucket: BucketHandle | AsyncBucketHandle | TokenBucket | None = None,
           breaker: BreakerHandle | AsyncBreakerHandle | Breaker | None = None, end: End = give_up,
-          first: Tried | None = None,
-          discard: Callable[[Any], object] | None = None) -> Generator[Step, Any, Ended]:
+          first: Tried | None = None, discard: Callable[[Any], object] | None = None,
+          admission: Admission | None = None) -> Generator[Step, Any, Ended]:
     """One call's attempts at one layer, from the first (or after ``first``, made by a fast path).
 
-    Per attempt: the breaker allows it, the shell makes it, the breaker hears the verdict; on
-    failure the state decides (a bucket token when it asks for one, the wait), then the next
-    attempt. A give-up goes to ``end`` (which raises, or returns to let the shell return a
-    response); an answer ends the loop after settling what was held. Returns whether it was
-    answered, and the reply for the caller.
+    Per attempt: the breaker and then the admission controller (if any) allow it, the shell
+    makes it, both hear the verdict; on failure the state decides (a bucket token when it asks
+    for one, the wait), then the next attempt. A give-up goes to ``end`` (which raises, or returns
+    to let the shell return a response); an answer ends the loop after settling what was held.
+    Returns whether it was answered, and the reply for the caller. The admission controller is a
+    core object called in place (the simulator's); a store-backed handle would be an IO step.
     """
     tried, last = first, None
     action: Attempt | Wait | Acquire | GiveUp = (Wait(0.0) if first is not None
@@ -113,7 +115,15 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
                 action = state.breaker_open(started, retry_at)
                 end(state, action, last, retry_at)
                 return False, action.reply
+            if admission is not None and not admission.admit(started, random()):
+                if breaker is not None:  # free the probe slot the breaker may have given it
+                    yield IO, partial(breaker.release, started)
+                action = state.refused()
+                end(state, action, last, None)
+                return False, action.reply
             tried = yield ATTEMPT, action
+            if admission is not None and tried.health is not None:
+                admission.record(clock(), success=tried.health)
             if breaker is not None:
                 done = clock()
                 yield IO, (partial(breaker.release, done) if tried.health is None else

@@ -92,6 +92,31 @@ def test_e1_askonce_is_at_most_1_05_once_the_breaker_is_open() -> None:
     assert ask.steady_mean is not None and ask.steady_mean <= 1.05
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_e2_askonce_never_answers_fewer_than_no_retries(depth: int) -> None:
+    """Issue 13: at load-independent errors up to 90 % the default protection (adaptive
+    admission, no breaker) sheds nothing, so askonce answers at least what no retries answer; with
+    the design before it (the library's breaker at the layer nearest the target) it collapsed."""
+    rates = (0.5, 0.7, 0.9)
+    rows = scenarios.transient(error_rates=rates, depths=(depth,),
+                               policies=("no-retry", "askonce"), duration=3.0)
+    old = scenarios.transient(error_rates=(0.5,), depths=(depth,), policies=("askonce",),
+                              duration=3.0, knobs=Knobs(admission=None, askonce_breaker=True))
+    by = {(r.params["error_rate"], r.policy): r for r in rows}
+    for p in rates:
+        ask, none = by[p, "askonce"], by[p, "no-retry"]
+        assert ask.success_rate >= none.success_rate - 0.005, p
+        assert ask.max is not None and ask.max <= 3
+    assert old[0].success_rate < 0.1  # the collapse this design removes
+
+
+def test_e1_admission_sheds_all_but_a_trickle_in_an_outage() -> None:
+    (row,) = scenarios.depth(depths=(1,), policies=("askonce",), duration=10.0, rate=1000.0)
+    assert row.questions > 9000
+    assert row.reached < 0.03 * row.questions  # max_reject 0.99: about 1 % reach the dead target
+    assert row.steady_mean is not None and row.steady_mean <= 1.05
+
+
 def test_e2_ten_percent_errors_askonce_succeeds_99_9_percent_within_1_12() -> None:
     # Budget 3 and 20 % retry tokens: with the library's defaults (budget 2, 10 %) the bucket is the
     # binding limit at exactly this error rate and success is about 99.6 % (docs/results.md).
@@ -349,3 +374,27 @@ def test_simulate_flags_that_make_no_sense_are_a_usage_error_before_anything_run
     code, err = run(["simulate", "--scenario", "depth", "--quick", *flags], capsys)
     assert code == 2, err
     assert "A " not in err  # no scenario ran (its progress line says "A <amplification>")
+
+
+def test_the_admission_flags_reach_the_askonce_policy_only() -> None:
+    from askonce.core.admission import AdmissionPolicy
+    from askonce.sim.cli import _knobs
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+
+    def knobs(*argv: str) -> Knobs:
+        return _knobs(Knobs(), parser.parse_args(["simulate", *argv]))  # type: ignore[no-any-return]
+
+    default = preset("askonce", knobs())
+    assert default.admission == AdmissionPolicy() and default.breaker is None
+    old = preset("askonce", knobs("--no-admission", "--askonce-breaker"))
+    assert old.admission is None and old.breaker == BreakerPolicy()
+    tuned = preset("askonce", knobs("--admission-min-success", "0.02", "--admission-window", "30",
+                                    "--admission-max-reject", "0.9", "--admission-sre"))
+    assert tuned.admission == AdmissionPolicy(window=30, min_success=0.02, max_reject=0.9,
+                                              count_rejected=True)
+    for name in ("naive", "breaker", "bucket", "no-retry"):
+        assert preset(name, knobs("--admission-min-success", "0.02")).admission is None
+    with pytest.raises(ValueError):
+        knobs("--admission-max-reject", "1.0")

@@ -322,6 +322,11 @@ class RetryState:
         pushback = None if retry_at is None else max(0.0, retry_at - now)
         return self._give_up(Why.BREAKER_OPEN, True, "breaker-open", pushback)
 
+    def refused(self) -> GiveUp:
+        """The admission controller shed the attempt (``core.admission``): the target is failing
+        nearly every call; tell the caller not to retry."""
+        return self._give_up(Why.BREAKER_OPEN, True, "shed")
+
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
         if not self._fits(now, 0.0):

@@ -107,6 +107,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--breaker-open-for", type=float,
                    help="breakers: seconds open before probes are let through "
                         "(default 2; the demo's breaker: 1)")
+    k.add_argument("--breaker-kind", choices=("count", "time"),
+                   help="breakers: a window of the last calls, or of the last seconds")
+    k.add_argument("--askonce-breaker", action="store_true",
+                   help="askonce: the breaker on the layer nearest the target too "
+                        "(the design before issue 13: with --no-admission)")
+    k.add_argument("--no-admission", action="store_true",
+                   help="askonce: no adaptive admission on the layer nearest the target")
+    k.add_argument("--admission-min-success", type=float,
+                   help="askonce: success rate below which attempts are shed (default 0.05)")
+    k.add_argument("--admission-max-reject", type=float,
+                   help="askonce: the most attempts ever shed (default 0.99)")
+    k.add_argument("--admission-window", type=int,
+                   help="askonce: seconds of admission history (default 10)")
+    k.add_argument("--admission-min-requests", type=int,
+                   help="askonce: requests in the window before any shedding (default 20)")
+    k.add_argument("--admission-sre", action="store_true",
+                   help="askonce: the SRE book's formula (requests, not calls, in it)")
     k.add_argument("--grace", type=float,
                    help="askonce: each layer's deadline_grace, seconds "
                         "(default 0: timed-out tries are not retried)")
@@ -117,6 +134,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _knobs(base: Any, args: argparse.Namespace) -> Any:
+    from askonce.core.admission import AdmissionPolicy
+
     changes: dict[str, Any] = {}
     if args.attempts is not None:
         changes["attempts"] = args.attempts
@@ -130,11 +149,23 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
     breaker = {name: value for name, value in (("failure_rate", args.breaker_rate),
                                                 ("minimum_calls", args.breaker_min_calls),
                                                 ("window_size", args.breaker_window),
-                                                ("open_for", args.breaker_open_for))
+                                                ("open_for", args.breaker_open_for),
+                                                ("window", args.breaker_kind))
                if value is not None}
     if breaker:
         # Validated: a clear error if absurd.
         changes["breaker"] = dataclasses.replace(base.breaker, **breaker)
+    if args.askonce_breaker:
+        changes["askonce_breaker"] = True
+    admission = {name: value for name, value in (
+        ("min_success", args.admission_min_success), ("max_reject", args.admission_max_reject),
+        ("window", args.admission_window), ("min_requests", args.admission_min_requests),
+        ("count_rejected", True if args.admission_sre else None)) if value is not None}
+    if args.no_admission:
+        changes["admission"] = None
+    elif admission:
+        changes["admission"] = dataclasses.replace(base.admission or AdmissionPolicy(),
+                                                   **admission)
     if args.grace is not None:
         changes["grace"] = args.grace
     if args.per_client:

@@ -83,12 +83,14 @@ def scenario_from_json(data: Mapping[str, Any]) -> Scenario:
 
 def policy_for(scenario: Scenario, policy: str) -> Policy:
     """The simulator's preset for one of the demo's policies, with the demo's knobs (one process
-    each: ``shared``; the breaker on the layer nearest the target, as the presets put it)."""
+    each: ``shared``; the demo's breaker on the layer nearest the target and no adaptive admission,
+    as the demo's own layers have)."""
     if policy not in ("no-retry", "naive", "askonce"):
         raise ValueError(f"policy must be one of no-retry, naive, askonce, got {policy!r}")
     layer = demo_params.LayerSettings()
     chosen = preset(policy, Knobs(attempts=layer.attempts, budget=scenario.budget,
-                                  breaker=demo_params.DEMO_BREAKER,
+                                  breaker=demo_params.DEMO_BREAKER, admission=None,
+                                  askonce_breaker=True,
                                   backoff=Backoff(layer.backoff_base,
                                                   max(layer.backoff_cap, layer.backoff_base)),
                                   shared=True))  # fmt: skip

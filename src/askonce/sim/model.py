@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 
 from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
+from askonce.core.admission import Admission
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
 from askonce.core.ledger import Ledger, LedgerPolicy
@@ -91,16 +92,18 @@ class Call:
 
 
 class Layer:
-    __slots__ = ("breakers", "buckets", "name", "nxt", "per_client", "retry")
+    __slots__ = ("admissions", "breakers", "buckets", "name", "nxt", "per_client", "retry")
 
     def __init__(self, name: str, retry: RetryPolicy, nxt: Layer | None, per_client: bool,
-                 buckets: list[TokenBucket] | None, breakers: list[Breaker] | None) -> None:
+                 buckets: list[TokenBucket] | None, breakers: list[Breaker] | None,
+                 admissions: list[Admission] | None = None) -> None:
         self.name = name
         self.retry = retry
         self.nxt = nxt
         self.per_client = per_client
         self.buckets = buckets
         self.breakers = breakers
+        self.admissions = admissions
 
 
 Failures = Callable[[float], bool]
@@ -150,7 +153,9 @@ class Sim:
             buckets = None if p.bucket is None else [TokenBucket(p.bucket, 0.0) for _ in range(n)]
             has_breaker = p.breaker is not None and (p.breaker_everywhere or i == w.depth)
             breakers = [Breaker(p.breaker) for _ in range(n)] if has_breaker and p.breaker else None
-            nxt = Layer(f"layer{i}", retry, nxt, per_client, buckets, breakers)
+            admissions = (None if p.admission is None or i != w.depth
+                          else [Admission(p.admission) for _ in range(n)])
+            nxt = Layer(f"layer{i}", retry, nxt, per_client, buckets, breakers, admissions)
             layers.append(nxt)
         return layers[::-1]
 
@@ -201,11 +206,12 @@ class Sim:
         inst = c.asked.client if layer.per_client else 0
         bucket = None if layer.buckets is None else layer.buckets[inst]
         breaker = None if layer.breakers is None else layer.breakers[inst]
+        admission = None if layer.admissions is None else layer.admissions[inst]
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
         c.loop = steps(state, clock=self._clock, random=self.rng.random, bucket=bucket,
-                       breaker=breaker, end=keep)
+                       breaker=breaker, end=keep, admission=admission)
         self._drive(c, None, now)
 
     def on_arrive(self, c: Call) -> None:

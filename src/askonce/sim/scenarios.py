@@ -11,8 +11,10 @@ Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns th
 * ``breaker`` - naive plus a circuit breaker per layer and per client (the library's defaults);
 * ``askonce`` - the question travels (budget, deadline, path); every layer keeps its attempt limit
   and the library's default per-target bucket; the layer nearest the target has the library's
-  default breaker; the target sheds work past the propagated deadline. Layer 1's bucket and breaker
-  are shared by the whole client fleet (``shared``), as with the Redis store.
+  default adaptive admission (``core.admission``: it sheds attempts only when the target answers
+  under 5 % of them; issue 13), and no breaker unless ``Knobs.askonce_breaker``; the target sheds
+  work past the propagated deadline. Layer 1's bucket, admission and breaker are shared by the
+  whole client fleet (``shared``), as with the Redis store.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
@@ -45,6 +48,10 @@ class Knobs:
     bucket: BucketPolicy = BucketPolicy()  # askonce's per-target bucket: the library default
     baseline_bucket: BucketPolicy = BASELINE_BUCKET
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    # askonce: adaptive admission on the layer nearest the target (None: off), and whether that
+    # layer also has ``breaker`` (the design before issue 13: no admission, the breaker)
+    admission: AdmissionPolicy | None = field(default_factory=AdmissionPolicy)
+    askonce_breaker: bool = False
     backoff: Backoff = Backoff()
     shared: bool = True
     grace: float = 0.0  # askonce: ClientPolicy.deadline_grace of every layer
@@ -66,8 +73,9 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
     if name == "askonce":
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
-                      bucket=k.bucket, breaker=k.breaker, breaker_everywhere=False,
-                      shared=k.shared, shed=True, grace=k.grace)
+                      bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
+                      breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
+                      grace=k.grace)
     raise ValueError(f"unknown policy {name!r}; "
                      f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
@@ -27,6 +28,7 @@ class Policy:
     bucket: BucketPolicy | None = None  # a retry token bucket per layer instance
     breaker: BreakerPolicy | None = None  # a circuit breaker per layer instance...
     breaker_everywhere: bool = True  # ...on every layer, or only on the layer nearest the target
+    admission: AdmissionPolicy | None = None  # adaptive admission on the layer nearest the target
     shared: bool = False  # layer 1's bucket and breaker shared by every client (fleet-wide store)
     shed: bool = False  # the target refuses, and cancels, work past the propagated deadline
     grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)

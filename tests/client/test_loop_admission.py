@@ -1,0 +1,80 @@
+"""The one loop with an admission controller: a shed attempt gives up without being made, frees a
+breaker's probe slot, and a made attempt's verdict reaches the controller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from askonce._loop import ATTEMPT, IO, Tried, keep, steps
+from askonce.core.admission import Admission, AdmissionPolicy
+from askonce.core.backoff import NO_WAIT
+from askonce.core.breaker import Breaker, BreakerPolicy, State
+from askonce.core.question import Account, Tab
+from askonce.core.retry import ANSWERED, Failure, RetryPolicy, RetryState, Why
+
+FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)
+
+
+def _dead() -> Admission:
+    """An admission whose window holds 100 failures: it sheds 99 % of attempts."""
+    a = Admission(AdmissionPolicy())
+    for _ in range(100):
+        a.admit(0.0, 0.999)
+        a.record(0.0, success=False)
+    return a
+
+
+def _run(admission: Admission, outcomes: list[Tried], u: float,
+         breaker: Breaker | None = None) -> tuple[int, Any]:
+    """Drive the loop at t = 1 with the draw ``u``; (attempts made, the loop's end)."""
+    state = RetryState(RetryPolicy(attempts=3, backoff=NO_WAIT, deadline=None),
+                       Tab("k", "client", True, Account(2), None), "layer", False)
+    loop = steps(state, clock=lambda: 1.0, random=lambda: u, breaker=breaker, end=keep,
+                 admission=admission)
+    made, value = 0, None
+    try:
+        while True:
+            kind, what = loop.send(value)
+            if kind is ATTEMPT:
+                value = outcomes[made]
+                made += 1
+            elif kind is IO:
+                value = what()
+            else:
+                value = None
+    except StopIteration as stop:
+        return made, stop.value
+
+
+def test_a_shed_attempt_is_never_made_and_says_do_not_retry() -> None:
+    made, (ok, reply) = _run(_dead(), [], u=0.5)
+    assert made == 0 and not ok
+    assert reply.dnr and reply.reason == "shed"
+
+
+def test_an_admitted_attempt_is_made_and_its_verdict_counted() -> None:
+    a = _dead()
+    made, (ok, _) = _run(a, [FAILED, Tried(None, True)], u=0.995)  # above p = 0.99: admitted
+    assert made == 2 and ok
+    assert (a.calls, a.successes) == (102, 1)
+
+
+@pytest.mark.parametrize("u", [0.5, 0.995])
+def test_a_shed_probe_frees_the_breakers_slot(u: float) -> None:
+    breaker = Breaker(BreakerPolicy(open_for=0.5, half_open_probes=1))
+    breaker.force_open(0.0)
+    assert breaker.state_at(1.0) is State.HALF_OPEN
+    made, _ = _run(_dead(), [Tried(None, True)], u=u, breaker=breaker)
+    if u < 0.99:  # shed: the half-open slot is free again for the next caller
+        assert made == 0 and breaker.snapshot()["probes_admitted"] == 0
+        assert breaker.allow(1.0)
+    else:  # admitted: the probe was made and closed the breaker
+        assert made == 1 and breaker.state is State.CLOSED
+
+
+def test_the_shed_give_up_is_the_breakers_kind() -> None:
+    state = RetryState(RetryPolicy(deadline=None), Tab("k", "client", True, Account(2), None),
+                       "layer", False)
+    assert state.refused().kind is Why.BREAKER_OPEN
