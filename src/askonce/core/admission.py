@@ -15,8 +15,8 @@ Why ``min_success`` is small by default (0.05): when failures do not depend on l
 dependency), refusing a first attempt only loses the answer it had a chance ``s`` of bringing, and
 no retries at all would have sent it; relief for the target is worth that only when it answers
 almost nothing. ``max_reject`` keeps a trickle of attempts going so that recovery is seen at
-once: with ``p`` capped at 0.99 an attempt that fails is retried only 1 time in 100, so a dead
-target sees about 1.01 arrivals per question.
+once: with ``p`` capped at 0.99 a retry of a failed attempt gets through about 1 time in 100, so a
+dead target sees about 1.01-1.02 arrivals per question (E1: 1.013-1.020; docs/admission.md).
 
 With ``count_rejected=True`` the formula uses ``requests`` instead of ``calls``, as the SRE book's
 ``(requests - K * accepts) / (requests + 1)`` does (``K = 1 / min_success``). That variant
