@@ -26,14 +26,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from askonce._context import FRAME
 
 if TYPE_CHECKING:
-    from askonce.core.admission import Admission
     from askonce.core.breaker import Breaker
     from askonce.core.bucket import TokenBucket
 from askonce.core.question import Frame, Hop, Tab
 from askonce.core.retry import LOCAL, Acquire, Attempt, Failure, GiveUp, RetryState, Wait
 from askonce.core.wire import Reply
 from askonce.errors import error_for, failure_of
-from askonce.stores.base import AsyncBreakerHandle, AsyncBucketHandle, BreakerHandle, BucketHandle
+from askonce.stores.base import (
+    AdmissionHandle,
+    AsyncBreakerHandle,
+    AsyncBucketHandle,
+    BreakerHandle,
+    BucketHandle,
+)
 
 T = TypeVar("T")
 
@@ -91,16 +96,20 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
           bucket: BucketHandle | AsyncBucketHandle | TokenBucket | None = None,
           breaker: BreakerHandle | AsyncBreakerHandle | Breaker | None = None, end: End = give_up,
           first: Tried | None = None, discard: Callable[[Any], object] | None = None,
-          admission: Admission | None = None) -> Generator[Step, Any, Ended]:
+          admission: AdmissionHandle | None = None) -> Generator[Step, Any, Ended]:
     """One call's attempts at one layer, from the first (or after ``first``, made by a fast path).
 
     Per attempt: the breaker and then the admission controller (if any) allow it, the shell
     makes it, both hear the verdict; on failure the state decides (a bucket token when it asks
     for one, the wait), then the next attempt. A give-up goes to ``end`` (which raises, or returns
     to let the shell return a response); an answer ends the loop after settling what was held.
-    Returns whether it was answered, and the reply for the caller. The admission controller is a
-    core object called in place (the simulator's); a store-backed handle would be an IO step.
+    Returns whether it was answered, and the reply for the caller. The admission controller is
+    called in place, never as an IO step: a core ``Admission`` (the simulator's) or a store's
+    in-memory handle (``stores.base.AdmissionHandle``). A shell that makes a first attempt itself
+    (``first``) must not when admission is set (refused: it would be neither admitted nor recorded).
     """
+    if first is not None and admission is not None:
+        raise ValueError("askonce: a first attempt made outside the loop bypasses admission")
     tried, last = first, None
     action: Attempt | Wait | Acquire | GiveUp = (Wait(0.0) if first is not None
                                                  else state.start(clock()))

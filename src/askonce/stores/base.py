@@ -1,4 +1,4 @@
-"""The state-store interface: where per-target retry buckets and circuit breakers live.
+"""The state-store interface: where per-target retry buckets, circuit breakers and admission live.
 
 A store hands out *handles* per target. Handles of the in-memory store are process-local; those of
 the Redis store are shared by every process that names the same target. The retry shells and
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 # Annotations only: users of buckets alone never need the breaker module, slow to import.
 if TYPE_CHECKING:
+    from askonce.core.admission import AdmissionPolicy
     from askonce.core.breaker import BreakerPolicy, State
     from askonce.core.bucket import BucketPolicy
 
@@ -46,10 +47,24 @@ class BreakerHandle(Protocol):
     def state(self, now: float) -> State: ...
 
 
+class AdmissionHandle(Protocol):
+    """One target's adaptive admission (``core.admission``), called in place by the loop: in memory
+    and cheap, so synchronous in the async shells too. Every store's handle is process-local for
+    now (the Redis stores' too: each process judges on its own calls)."""
+
+    def admit(self, now: float, u: float) -> bool:
+        """Count an attempt and decide it (refused when the draw ``u`` in [0, 1) says so)."""
+
+    def record(self, now: float, *, success: bool) -> None:
+        """The verdict on an attempt that ``admit`` let through and that was made."""
+
+
 class Store(Protocol):
     def bucket(self, target: str, policy: BucketPolicy) -> BucketHandle: ...
 
     def breaker(self, target: str, policy: BreakerPolicy) -> BreakerHandle: ...
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> AdmissionHandle: ...
 
 
 class AsyncBucketHandle(Protocol):
@@ -74,3 +89,5 @@ class AsyncStore(Protocol):
     def bucket(self, target: str, policy: BucketPolicy) -> AsyncBucketHandle: ...
 
     def breaker(self, target: str, policy: BreakerPolicy) -> AsyncBreakerHandle: ...
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> AdmissionHandle: ...

@@ -1,10 +1,11 @@
-"""The in-memory store: per-target retry token buckets and circuit breakers shared by this process.
+"""The in-memory store: per-target retry buckets, breakers and admission shared by this process.
 
 Deposits (one per first attempt) take no lock: a deposit lost to a thread race only makes the bucket
 more conservative. Withdrawals, which decide whether a retry happens, are made under a lock, and so
 is every breaker operation (the core breaker holds no lock of its own). The number of targets is
 bounded; past it the least recently created bucket or breaker is dropped (counted as
 ``store.memory.evicted``), so a caller that keys by unbounded names cannot grow memory without end.
+Admission handles (``core.admission``, adaptive shedding) are bounded the same way, one lock each.
 
 A breaker handle reports its state changes to listeners (``add_listener``); they run after the lock
 is released, so a listener may call back into the breaker, and a listener that raises is counted
@@ -28,10 +29,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from askonce._stats import count
+from askonce.core.admission import Admission, AdmissionPolicy
 from askonce.core.breaker import Breaker, BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy, TokenBucket
 
-__all__ = ["BreakerHandle", "BucketHandle", "Listener", "MemoryStore"]
+__all__ = ["AdmissionHandle", "BreakerHandle", "BucketHandle", "Listener", "MemoryStore"]
 
 Listener = Callable[[str, Transition], object]
 """Called as ``listener(target, transition)`` after a breaker changed state."""
@@ -212,6 +214,39 @@ class BreakerHandle:
         return snap
 
 
+class AdmissionHandle:
+    """One target's adaptive admission controller, serialised by a lock of its own.
+
+    Satisfies ``stores.base.AdmissionHandle``: the loop calls ``admit`` before an attempt and
+    ``record`` after a judged one, in place (an uncontended lock around a few additions).
+    """
+
+    __slots__ = ("_admission", "_lock", "policy", "target")
+
+    def __init__(self, target: str, policy: AdmissionPolicy) -> None:
+        self.target = target
+        self.policy = policy
+        self._admission = Admission(policy)
+        self._lock = threading.Lock()
+
+    def admit(self, now: float, u: float) -> bool:
+        with self._lock:
+            return self._admission.admit(now, u)
+
+    def record(self, now: float, *, success: bool) -> None:
+        with self._lock:
+            self._admission.record(now, success=success)
+
+    def reject_probability(self, now: float) -> float:
+        with self._lock:
+            return self._admission.reject_probability(now)
+
+    def snapshot(self) -> dict[str, object]:
+        """The window's counters (``requests``, ``calls``, ``successes``) and ``p``."""
+        with self._lock:
+            return self._admission.snapshot()
+
+
 class MemoryStore:
     """Process-local state: satisfies ``stores.base.Store``.
 
@@ -226,6 +261,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._buckets: OrderedDict[tuple[str, BucketPolicy], BucketHandle] = OrderedDict()
         self._breakers: OrderedDict[tuple[str, BreakerPolicy], BreakerHandle] = OrderedDict()
+        self._admissions: OrderedDict[tuple[str, AdmissionPolicy], AdmissionHandle] = OrderedDict()
 
     def bucket(self, target: str, policy: BucketPolicy) -> BucketHandle:
         key = (target, policy)
@@ -242,6 +278,13 @@ class MemoryStore:
         if handle is not None:
             return handle
         return self._add(self._breakers, key, lambda: BreakerHandle(target, policy))
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> AdmissionHandle:
+        key = (target, policy)
+        handle = self._admissions.get(key)
+        if handle is not None:
+            return handle
+        return self._add(self._admissions, key, lambda: AdmissionHandle(target, policy))
 
     def _add(self, table: OrderedDict[K, H], key: K, make: Callable[[], H]) -> H:
         with self._lock:

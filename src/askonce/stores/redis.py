@@ -31,6 +31,9 @@ A breaker's half-open probes are leased: a process that dies holding a probe wou
 the fleet's breaker half-open for ever, so when every probe slot is taken and no verdict has come
 for ``open_for`` seconds since the last probe was let through, the slots are handed out afresh
 (counted as ``breaker.probe-lease-expired``).
+
+Adaptive admission (``admission()``, ``core.admission``) is shared by the fleet: not yet; each
+process judges on its own calls. Both Redis stores hand out their local memory store's handle.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from redis.retry import Retry
 from askonce import _stats
 from askonce._stats import count
 from askonce.core import is_int, is_real
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 from askonce.stores._redis_lua import (
@@ -61,6 +65,7 @@ from askonce.stores._redis_lua import (
     target_tag,
     text,
 )
+from askonce.stores.memory import AdmissionHandle as MemoryAdmissionHandle
 from askonce.stores.memory import BreakerHandle as MemoryBreakerHandle
 from askonce.stores.memory import BucketHandle as MemoryBucketHandle
 from askonce.stores.memory import Listener, MemoryStore, notify
@@ -310,6 +315,11 @@ class StoreBase:
                         self._handles.popitem(last=False)
                         count("store.redis.evicted")
         return handle
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> MemoryAdmissionHandle:
+        """The target's adaptive admission: shared by the fleet: not yet; each process judges on its
+        own calls (the local memory store's handle, bounded like its other entries)."""
+        return self.local.admission(target, policy)
 
 
 # --- the sync store -------------------------------------------------------------------------------
