@@ -44,7 +44,8 @@ MAX_ATTEMPT = 1000
 MAX_NAME = 32
 MAX_SIG_BYTES = 64
 
-REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open", "throttled"})
+REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open", "throttled",
+                     "shed"})
 """Reasons defined in version 1. Other tokens are accepted (a newer peer's reason still means
 "do not retry") but reported as they came."""
 
