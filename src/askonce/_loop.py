@@ -153,6 +153,9 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
             return False, action.reply
         if discard is not None and last.response is not None:
             yield IO, partial(discard, last.response)
+            # Released: a give-up before the next attempt answers (breaker open, shed, deadline
+            # after the wait) must raise, not return a response whose body is gone.
+            last = last._replace(response=None)
         if action.seconds > 0:  # type: ignore[union-attr]
             yield SLEEP, action.seconds  # type: ignore[union-attr]
         action = state.resume(clock())

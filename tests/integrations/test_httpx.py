@@ -293,6 +293,33 @@ def test_an_open_breaker_answers_for_the_target(mode: str, target: Target) -> No
     assert target.total == 2 and info.value.retry_at == 30.0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_breaker_opened_by_the_questions_own_failure_raises_instead_of_returning_a_released_response(
+        mode: str, target: Target) -> None:
+    # The first attempt's 503 is discarded (read, closed) before the retry, which the breaker it
+    # just opened refuses: that give-up has no response left to return. It used to return the
+    # released one, and httpx raised StreamConsumed reading it.
+    p = policy(retry=RetryPolicy(attempts=3, backoff=NO_WAIT),
+               breaker=BreakerPolicy(window_size=2, minimum_calls=1, failure_rate=0.5))
+    store = MemoryStore(lambda: 0.0)
+
+    def request() -> httpx.Response:
+        if mode == "sync":
+            with httpx.Client(transport=AskonceTransport(policy=p, store=store, clock=lambda: 0.0)) as c:
+                return c.get(target.url("/fail"))
+
+        async def go() -> httpx.Response:
+            transport = AsyncAskonceTransport(policy=p, store=store, clock=lambda: 0.0)
+            async with httpx.AsyncClient(transport=transport) as c:
+                return await c.get(target.url("/fail"))
+
+        return asyncio.run(go())
+
+    with pytest.raises(askonce.CircuitOpen) as info:
+        request()
+    assert info.value.reason == "breaker-open" and target.total == 1
+
+
 def test_the_per_target_key_is_configurable(target: Target) -> None:
     keys: list[str] = []
 
