@@ -33,10 +33,11 @@ from askonce.core.retry import RetryPolicy, RetryState, fits
 from askonce.core.wire import valid_name
 from askonce.errors import failure_of
 from askonce.stores import default_store
-from askonce.stores.base import BreakerHandle, BucketHandle, Store
+from askonce.stores.base import AdmissionHandle, BreakerHandle, BucketHandle, Store
 from askonce.verdict import is_failure
 
 if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
+    from askonce.core.admission import AdmissionPolicy
     from askonce.core.breaker import BreakerPolicy
 
 P = ParamSpec("P")
@@ -86,8 +87,10 @@ class retry:  # spelled like a function: it is used as a decorator
     ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has
     to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
     ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
-    breaker for the target (off by default; ``CircuitOpen`` when open); ``target`` names both
-    (default: the layer). ``store``: where they live (default: this process's memory;
+    breaker for the target (off by default; ``CircuitOpen`` when open); ``admission``: adaptive
+    admission for the target (off by default; ``core.admission``: attempts are shed in proportion
+    to how badly the target is failing, ``CircuitOpen`` with reason ``shed``); ``target`` names
+    them (default: the layer). ``store``: where they live (default: this process's memory;
     ``askonce.stores.redis``). ``clock``, ``sleep``, ``random``: injectable for tests and
     simulations.
     """
@@ -104,6 +107,7 @@ class retry:  # spelled like a function: it is used as a decorator
         idempotent: bool = _UNSET,
         bucket: BucketPolicy | None = DEFAULT_BUCKET,
         breaker: BreakerPolicy | None = None,
+        admission: AdmissionPolicy | None = None,
         target: str | None = None,
         originator: bool = False,
         policy: RetryPolicy | None = None,
@@ -132,6 +136,14 @@ class retry:  # spelled like a function: it is used as a decorator
         self._bucket_policy = bucket
         self._breaker_policy = breaker
         self._breaker_handle: BreakerHandle | None = None
+        if admission is not None:
+            from askonce.core.admission import AdmissionPolicy
+
+            if not isinstance(admission, AdmissionPolicy):
+                raise ValueError(f"admission must be an askonce.core.admission.AdmissionPolicy "
+                                 f"(or None), got {admission!r}")
+        self._admission_policy = admission
+        self._admission_handle: AdmissionHandle | None = None
         self._target = target
         self._store = store
         self._clock = clock or _stats.monotonic
@@ -158,6 +170,16 @@ class retry:  # spelled like a function: it is used as a decorator
             store = self._store or default_store()
             handle = self._breaker_handle = store.breaker(self._target or layer,
                                                           self._breaker_policy)
+        return handle
+
+    def _admission(self, layer: str) -> AdmissionHandle | None:
+        if self._admission_policy is None:
+            return None
+        handle = self._admission_handle
+        if handle is None:
+            store = self._store or default_store()
+            handle = self._admission_handle = store.admission(self._target or layer,
+                                                              self._admission_policy)
         return handle
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
@@ -199,14 +221,14 @@ class retry:  # spelled like a function: it is used as a decorator
     def _pass(self, layer: str, frame: Frame, bucket: BucketHandle | None, first: Tried | None,
               sleep: Callable[[float], object]) -> Pass:
         """The loop from the first attempt (or after ``first``, made by the fast path)."""
-        breaker = self._breaker(layer)
-        judge_breaker: Callable[[BaseException], bool] | None = None
-        if breaker is not None:
-            judge_breaker = is_failure
+        breaker, admission = self._breaker(layer), self._admission(layer)
+        judge_health: Callable[[BaseException], bool] | None = None
+        if breaker is not None or admission is not None:  # both learn from the verdicts
+            judge_health = is_failure
         state = RetryState(self.policy, frame[0], layer, bucket is not None)
         loop = steps(state, clock=self._clock, random=self._random, bucket=bucket, breaker=breaker,
-                     first=first)
-        return Pass(loop, frame, judge_with(self._matches, judge_breaker), sleep)
+                     first=first, admission=admission)
+        return Pass(loop, frame, judge_with(self._matches, judge_health), sleep)
 
     def _start(self, layer: str, sleep: Callable[[float], object]) -> Pass:
         """An iterator-form pass: the frame bound now (or minted), one request for the bucket."""
@@ -220,10 +242,11 @@ class retry:  # spelled like a function: it is used as a decorator
         self, layer: str
     ) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
         """The success path's first half, shared by both shells: the frame, the bucket deposit, and
-        whether the full loop must judge the first attempt (a breaker is set, or a bound deadline
-        passed)."""
+        whether the full loop must judge the first attempt (a breaker or admission is set, or a
+        bound deadline passed)."""
         clock, policy, mint = self._clock, self.policy, self._mint
-        get, guarded = FRAME.get, self._breaker_policy is not None
+        guarded = self._breaker_policy is not None or self._admission_policy is not None
+        get = FRAME.get
 
         def prepare() -> tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]:
             frame = get()

@@ -6,15 +6,16 @@ judge what came back, discard a failed attempt's response) and hands it to :meth
 :mod:`askonce._loop` that ``@askonce.retry`` runs too; the caller only makes each attempt::
 
     bind or mint the question -> deposit in the target's bucket -> start
-    per attempt: breaker allows? -> hold the budget (forward) -> header -> send -> judge (Tried)
+    per attempt: breaker, admission allow? -> hold the budget (forward) -> header -> send -> judge
       answer:   settle the budget from the reply -> return the response
       failure:  on_failure -> Acquire (bucket) -> Wait (discard the response, sleep) -> resume
       give-up:  return the last response with the reply attached; with none, raise
 
-Without a breaker, the first attempt runs straight (no generator, no state object; the core's
-``fits`` and ``settle`` decide it, as ``RetryState.start`` and ``on_success`` would), and the loop
-takes over, with a ``RetryState`` holding what the first attempt forwarded, only if it did not
-answer. Most calls answer at once, and they are what the overhead is measured on.
+Without a breaker or admission, the first attempt runs straight (no generator, no state object;
+the core's ``fits`` and ``settle`` decide it, as ``RetryState.start`` and ``on_success`` would), and
+the loop takes over, with a ``RetryState`` holding what the first attempt forwarded, only if it did
+not answer. Most calls answer at once, and they are what the overhead is measured on. With either,
+every attempt, the first included, goes through the loop: each one must be allowed and judged.
 
 A returned give-up carries ``response.askonce_reply``, and every give-up is recorded for
 :func:`last_reply`: a server middleware reads it (inside :func:`replies`) to pass a downstream
@@ -57,6 +58,7 @@ from askonce.client.replies import (
     replies,
     stop_recording,
 )
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
@@ -73,6 +75,7 @@ from askonce.core.retry import (
 from askonce.core.wire import format_question
 from askonce.stores import default_store  # the one store `@askonce.retry` layers share
 from askonce.stores.base import (
+    AdmissionHandle,
     AsyncBreakerHandle,
     AsyncBucketHandle,
     AsyncStore,
@@ -221,11 +224,14 @@ class _Call:
         state.held = held  # what state.forward() would have held
         state.sent = self.sent  # what state.given() would have noted
         policy, exchange = caller.policy, self.exchange
-        breaker = None
+        breaker = admission = None
         if caller._breakers is not None and policy.breaker is not None:
             breaker = caller._breakers(self.target, policy.breaker)
+        if caller._admissions is not None and policy.admission is not None:
+            admission = caller._admissions(self.target, policy.admission)
         loop = steps(state, clock=caller.clock, random=caller.random, bucket=self.bucket,
-                     breaker=breaker, end=_end, first=first, discard=exchange.discard)
+                     breaker=breaker, end=_end, first=first, discard=exchange.discard,
+                     admission=admission)
         return state, Pass(loop, (self.tab, self.path), _no_block, sleep)
 
     def header(self, caller: Caller, state: RetryState,
@@ -250,15 +256,16 @@ def _no_block(exc: BaseException) -> Tried:  # a Caller reports its attempts; it
 class Caller:
     """Runs outgoing calls under one :class:`ClientPolicy`; one per transport, adapter or channel.
 
-    ``store``: where per-target buckets and breakers live (the process's memory store by default);
-    ``clock``, ``sleep``, ``random``: injectable for tests and simulation. ``sleep`` may return an
-    awaitable in the async form (the default there is ``asyncio.sleep``).
+    ``store``: where per-target buckets, breakers and admission live (the process's memory store
+    by default); ``clock``, ``sleep``, ``random``: injectable for tests and simulation. ``sleep``
+    may return an awaitable in the async form (the default there is ``asyncio.sleep``).
 
-    ``per_target``: whether calls need their ``target`` at all (a bucket or breaker is configured).
+    ``per_target``: whether calls need their ``target`` at all (a bucket, breaker or admission is
+    configured).
     """
 
-    __slots__ = ("_breakers", "_first", "_policies", "_sleep", "clock", "per_target", "policy",
-                 "random", "store")
+    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_policies", "_sleep", "clock",
+                 "per_target", "policy", "random", "store")
 
     def __init__(
         self,
@@ -275,7 +282,7 @@ class Caller:
         for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be a callable or None, got {fn!r}")
-        for kind in ("bucket", "breaker"):  # only what the policy will ask of it
+        for kind in ("bucket", "breaker", "admission"):  # only what the policy will ask of it
             if (store is not None and getattr(policy, kind) is not None
                     and not callable(getattr(store, kind, None))):
                 raise ValueError(f"store must be an askonce store (a {kind}(target, policy) "
@@ -293,11 +300,20 @@ class Caller:
             if self._breakers is None:
                 raise ValueError("breaker= needs a store with circuit breakers; "
                                  f"{type(self.store).__name__} has none")
+        self._admissions: Callable[[str, AdmissionPolicy], AdmissionHandle] | None = None
+        if policy.admission is not None:
+            self._admissions = getattr(self.store, "admission", None)
+            if self._admissions is None:
+                raise ValueError("admission= needs a store with admission handles; "
+                                 f"{type(self.store).__name__} has none")
+        # A breaker or admission judges every attempt, the first too: no fast path then.
+        self._guarded = self._breakers is not None or self._admissions is not None
         # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
         self._first = (Hop(policy.layer, 1),)
-        # Without a bucket or a breaker, any target will do.
-        self.per_target = policy.bucket is not None or policy.breaker is not None
+        # Without a bucket, a breaker or admission, any target will do.
+        self.per_target = (policy.bucket is not None or policy.breaker is not None
+                           or policy.admission is not None)
 
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
                idempotent: bool) -> tuple[_Call, float | None, int, str] | _Call:
@@ -305,8 +321,8 @@ class Caller:
         header."""
         now = self.clock()
         call = _Call(self, exchange, target, idempotent, now)
-        if self._breakers is not None or not fits(self.policy.retry, call.tab.deadline, now):
-            return call  # the loop from the start: the breaker, or the give-up, is the core's
+        if self._guarded or not fits(self.policy.retry, call.tab.deadline, now):
+            return call  # the loop from the start: breaker and admission, or the give-up, decide
         limit = call.limit(self.policy, now)
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
                                               call.tab.deadline, now)

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from askonce import _stats, propagation
 from askonce.core import is_int, is_real
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure, RetryPolicy
@@ -41,6 +42,9 @@ class ClientPolicy:
     carrying ``idempotency_header``, may be retried after they may have reached the target; others
     only when the connection was refused, unless ``retry_non_idempotent``.
     ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
+    ``admission``: per-target adaptive admission (``core.admission``; ``None``, the default: off),
+    which sheds attempts in proportion to how badly the target is failing (``CircuitOpen``,
+    reason ``shed``); with it on, every attempt, the first too, goes through the loop.
     ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
     ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past
     it the connection is closed instead.
@@ -62,6 +66,7 @@ class ClientPolicy:
     originator: bool = False
     bucket: BucketPolicy | None = BucketPolicy()
     breaker: BreakerPolicy | None = None
+    admission: AdmissionPolicy | None = None
     attempt_timeout: float | None = None
     max_discard: int = 65_536
     deadline_grace: float = 0.0
@@ -71,7 +76,8 @@ class ClientPolicy:
             raise ValueError(
                 f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
         for name, kinds in (("retry", RetryPolicy), ("bucket", (BucketPolicy, type(None))),
-                            ("breaker", (BreakerPolicy, type(None)))):
+                            ("breaker", (BreakerPolicy, type(None))),
+                            ("admission", (AdmissionPolicy, type(None)))):
             if not isinstance(getattr(self, name), kinds):
                 raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), "
                                  f"got {getattr(self, name)!r}")
