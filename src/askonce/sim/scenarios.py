@@ -1,4 +1,4 @@
-"""The standard experiments (``/work/shared/experiments.md`` E1-E3, E5, E6) as sweeps.
+"""The standard experiments (docs/experiments.md: E1-E3, E5, E6, E8) as sweeps.
 
 Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns the raw counts into a
 :class:`Row` of figures. The policies:
