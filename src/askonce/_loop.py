@@ -152,10 +152,11 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
             end(state, action, last, None)
             return False, action.reply
         if discard is not None and last.response is not None:
-            yield IO, partial(discard, last.response)
-            # Released: a give-up before the next attempt answers (breaker open, shed, deadline
-            # after the wait) must raise, not return a response whose body is gone.
-            last = last._replace(response=None)
+            kept = yield IO, partial(discard, last.response)
+            if kept is not False:  # released (False: nothing to release, the response is whole)
+                # A give-up before the next attempt (breaker open, shed, deadline after the wait)
+                # must raise, not return a response whose body is gone.
+                last = last._replace(response=None)
         if action.seconds > 0:  # type: ignore[union-attr]
             yield SLEEP, action.seconds  # type: ignore[union-attr]
         action = state.resume(clock())

@@ -78,3 +78,34 @@ def test_the_shed_give_up_is_the_breakers_kind() -> None:
     state = RetryState(RetryPolicy(deadline=None), Tab("k", "client", True, Account(2), None),
                        "layer", False)
     assert state.refused().kind is Why.BREAKER_OPEN
+
+
+@pytest.mark.parametrize("kept", [None, False])
+def test_a_retry_shed_after_a_discarded_response_does_not_return_it(kept: bool | None) -> None:
+    # The first attempt is admitted and fails with a response, which is discarded before the retry;
+    # the retry is shed. A response released by the discard (None) is gone: the give-up must not
+    # return it. One the discard left whole (False: nothing to release, as gRPC's) still is.
+    state = RetryState(RetryPolicy(attempts=3, backoff=NO_WAIT, deadline=None),
+                       Tab("k", "client", True, Account(2), None), "layer", False)
+    draws = iter([0.995, 0.0, 0.5])  # admitted, the backoff's jitter, shed
+    ended: list[Tried | None] = []
+    discarded: list[object] = []
+
+    def end(state: RetryState, action: Any, last: Tried | None, retry_at: float | None) -> None:
+        ended.append(last)
+
+    def discard(response: object) -> bool | None:
+        discarded.append(response)
+        return kept
+
+    loop = steps(state, clock=lambda: 1.0, random=lambda: next(draws), end=end, admission=_dead(),
+                 discard=discard)
+    failed = FAILED._replace(response="503")
+    value: Any = None
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            kind, what = loop.send(value)
+            value = failed if kind is ATTEMPT else what() if kind is IO else None
+    assert stop.value.value[1].reason == "shed" and discarded == ["503"]
+    (last,) = ended
+    assert last is not None and last.response == (None if kept is None else "503")

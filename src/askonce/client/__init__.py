@@ -133,9 +133,10 @@ class Exchange(Protocol[R]):
     def judge_error(self, error: Exception) -> Outcome | None:
         """A transport failure's outcome, or ``None``: not one (it is re-raised unchanged)."""
 
-    def discard(self, response: R) -> None:
+    def discard(self, response: R) -> bool | None:
         """Release a failed attempt's response (read a little so the connection is reused, then
-        close it)."""
+        close it). ``False``: nothing to release, the response stays whole, and a give-up before
+        the next attempt returns it; otherwise such a give-up raises."""
 
 
 class AsyncExchange(Protocol[R]):
@@ -148,7 +149,7 @@ class AsyncExchange(Protocol[R]):
 
     def judge_error(self, error: Exception) -> Outcome | None: ...
 
-    async def discard(self, response: R) -> None: ...
+    async def discard(self, response: R) -> bool | None: ...
 
 
 def _end(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float | None) -> None:

@@ -247,8 +247,9 @@ class _SyncExchange(_Exchange):
         return judge_status(outcome.code(), outcome.details(), outcome.trailing_metadata(),
                             self._codes)
 
-    def discard(self, outcome: Any) -> None:
-        """A finished call holds no connection: nothing to release."""
+    def discard(self, outcome: Any) -> bool:
+        """A finished call holds no connection: nothing to release (it stays whole)."""
+        return False
 
 
 class AskonceClientInterceptor(_Client, grpc.UnaryUnaryClientInterceptor):
@@ -294,8 +295,9 @@ class _AsyncExchange(_Exchange):
     def judge(self, finished: _Finished) -> Outcome:
         return judge_status(finished.code, finished.details, finished.trailing, self._codes)
 
-    async def discard(self, finished: _Finished) -> None:
-        """A finished call holds no connection: nothing to release."""
+    async def discard(self, finished: _Finished) -> bool:
+        """A finished call holds no connection: nothing to release (it stays whole)."""
+        return False
 
 
 class AsyncAskonceClientInterceptor(_Client, aio.UnaryUnaryClientInterceptor):
