@@ -151,7 +151,8 @@ def test_policy_validation(bad: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(("pushback", "retry_after", "expect"), [
-    (float("nan"), None, None), (0.5, float("nan"), 0.5), (61.0, None, 61.0),
+    (float("nan"), None, None), (0.5, float("nan"), 0.5),
+    (61.0, None, 60.0),  # passed upward as this layer's own max_pushback, never more
 ])
 def test_a_pushback_beyond_max_or_unreadable_ends_the_question_instead_of_waiting(
         pushback: float, retry_after: float | None, expect: float | None) -> None:
@@ -164,6 +165,14 @@ def test_a_pushback_beyond_max_or_unreadable_ends_the_question_instead_of_waitin
     assert isinstance(action, GiveUp) and action.kind == "pushback" and action.reply.dnr
     assert action.reply.pushback == expect
     assert state.tab.account.left == 2  # nothing was spent on a retry that never happens
+
+
+@pytest.mark.parametrize("pushback", [61.0, 1e6, 86_400.0])
+def test_a_do_not_retry_passes_its_pushback_upward_clamped_to_max_pushback(pushback: float) -> None:
+    state = make(budget=2, backoff=NO_WAIT, max_pushback=60.0)
+    action = state.on_failure(Failure(reply=Reply(1, True, "overloaded", pushback)), now=0.0, u=0.5)
+    assert isinstance(action, GiveUp) and action.reply.dnr and action.reply.reason == "overloaded"
+    assert action.reply.pushback == 60.0
 
 
 def test_an_attempt_never_sent_gives_back_what_forward_held() -> None:

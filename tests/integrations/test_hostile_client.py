@@ -98,3 +98,35 @@ def test_a_hostile_client_does_not_change_what_the_others_get() -> None:
     # Past the cap: the target answers 429 r=cap; the gateway passes the status on.
     assert sum(n for (status, _), n in hostile.items() if status == 429) >= HOSTILE // 2 - 5, hostile
     assert state is State.CLOSED
+
+
+async def _huge_retry_after(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"retry-after", b"1000000")]})
+    await send({"type": "http.response.body", "body": b"come back in 11 days"})
+
+
+def _service(target_url: str) -> Any:
+    policy = ClientPolicy(layer="svc", retry=RetryPolicy(attempts=3, backoff=NO_WAIT, max_pushback=60.0))
+    client = httpx.AsyncClient(transport=AsyncAskonceTransport(policy=policy, store=MemoryStore(time.monotonic)))
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        r = await client.get(target_url + "/x")
+        await send({"type": "http.response.start", "status": 500 if r.status_code >= 500 else 200,
+                    "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return AskonceASGIMiddleware(app, layer="svc")
+
+
+def test_a_dependencys_huge_retry_after_reaches_the_public_caller_clamped() -> None:
+    with uvicorn_running(_huge_retry_after) as target_url, uvicorn_running(_service(target_url)) as svc:
+        r = httpx.get(svc + "/x", timeout=10.0)
+    reply = parse_reply(r.headers[REPLY_HEADER])
+    assert r.status_code == 503
+    assert getattr(reply, "dnr", False) and getattr(reply, "pushback", None) == 60.0
+    assert r.headers["retry-after"] == "60"

@@ -261,6 +261,10 @@ class RetryState:
 
     def _give_up(self, kind: Why, dnr: bool = False, reason: str | None = None,
                  pushback: float | None = None) -> GiveUp:
+        # What this layer tells its caller to wait is never more than it would wait itself: a
+        # callee's Retry-After of a day reaches the public edge as max_pushback, not a day.
+        if pushback is not None and not pushback <= self.policy.max_pushback:
+            pushback = self.policy.max_pushback
         return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
 
     def _fits(self, now: float, wait: float) -> bool:
