@@ -214,6 +214,11 @@ class Tab:
     def left(self) -> int:
         return self.account.left
 
+    @property
+    def minted_here(self) -> bool:
+        """Whether this process minted the key (nothing usable arrived): no one else knows it."""
+        return self._minter is not None
+
     def child(self, label: str) -> Tab:
         """A fan-out child: a key derived from this one and ``label``, drawing on the same account.
 

@@ -1,0 +1,207 @@
+"""Answer once at an ASGI callee: a repeated question joins the run in flight or is replayed.
+
+``JoinASGIMiddleware`` goes *inside* :class:`~askonce.integrations.asgi.AskonceASGIMiddleware`
+(which binds the question and counts every arrival in the ledger)::
+
+    app = AskonceASGIMiddleware(JoinASGIMiddleware(app), layer="orders", ledger=ledger)
+
+For a question whose key arrived from a caller (not one this layer minted), the decision is
+:class:`askonce.core.join.Joins`'s, per (principal, method and path, key): the first arrival runs
+the handler; one that arrives while it runs waits for its answer; one that arrives after it
+answered, within the policy's ``ttl``, gets that answer again; the same key with a different
+request (query or body) is refused with 422. Answers sent this way carry ``askonce-joined: wait``
+or ``replay``. Counted in ``askonce.stats()``: ``server.join.<run|wait|replay|conflict|bypass>``,
+``server.join.unread`` for a request body too large to compare (it runs unjoined), and
+``server.join.too-large`` for an answer too large to keep (its waiters run it again).
+
+``principal``: a callable of the ASGI scope naming who asks (after your authentication); a
+question's answer is never replayed to another principal. Without it every caller is one
+principal: give one on a public edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from askonce import _stats
+from askonce._context import current_frame
+from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JOINED_HEADER = b"askonce-joined"
+_MAX_REARRIVALS = 3  # a waiter whose run was abandoned arrives again, at most this often
+_MAX_WAIT = 300.0  # seconds a waiter waits for a question without a deadline
+
+
+class JoinASGIMiddleware:
+    """See the module docstring. ``policy``: how long answers are kept, how many, how large."""
+
+    def __init__(self, app: ASGIApp, *, policy: JoinPolicy = JoinPolicy(),
+                 principal: Callable[[Scope], str] | None = None) -> None:
+        if not callable(app):
+            raise ValueError(f"app must be an ASGI application, got {app!r}")
+        if not isinstance(policy, JoinPolicy):
+            raise ValueError(f"policy must be a JoinPolicy, got {policy!r}")
+        if principal is not None and not callable(principal):
+            raise ValueError(f"principal must be a callable of the scope, got {principal!r}")
+        self.app = app
+        self.policy = policy
+        self.principal = principal
+        self.joins = Joins(policy)
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        frame = current_frame()
+        if scope["type"] != "http" or frame is None or frame[0].minted_here:
+            await self.app(scope, receive, send)
+            return
+        body, receive = await _read_body(receive, self.policy.max_body)
+        if body is None:
+            _stats.count("server.join.unread")
+            await self.app(scope, receive, send)
+            return
+        who = "" if self.principal is None else str(self.principal(scope))
+        key = (who, f"{scope.get('method', '')} {scope.get('path', '')}", frame[0].key)
+        digest = hashlib.blake2b(scope.get("query_string", b"") + b"\x00" + body,
+                                 digest_size=16).digest()
+        loop = asyncio.get_running_loop()
+        deadline = frame[0].deadline
+        for _ in range(_MAX_REARRIVALS):
+            with self._lock:
+                verdict, entry = self.joins.arrive(key, digest, loop.time())
+                if verdict is Verdict.RUN and entry is not None:
+                    entry.signal = asyncio.Event()
+            _stats.count(f"server.join.{verdict.value}")
+            if verdict is Verdict.RUN and entry is not None:
+                await self._run(key, entry, scope, receive, send)
+                return
+            if verdict is Verdict.WAIT and entry is not None:
+                answer = await _wait(entry, deadline)
+                if answer is None:
+                    continue  # the run ended without an answer: arrive again
+                await _send(send, answer, b"wait")
+                return
+            if verdict is Verdict.REPLAY and entry is not None and entry.answer is not None:
+                await _send(send, entry.answer, b"replay")
+                return
+            if verdict is Verdict.CONFLICT:
+                await _send(send, Answer(422, ((b"content-type", b"text/plain"),),
+                                         b"this question's key came with another request"), None)
+                return
+            break  # BYPASS
+        await self.app(scope, receive, send)
+
+    async def _run(self, key: tuple[str, str, str], entry: Entry, scope: Scope,
+                   receive: Receive, send: Send) -> None:
+        capture = _Capture(send, self.policy.max_body)
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            answer = capture.answer()
+            with self._lock:
+                if answer is None:
+                    self.joins.abandon(key, entry)
+                else:
+                    self.joins.finish(key, entry, answer, asyncio.get_running_loop().time())
+            event = entry.signal
+            if isinstance(event, asyncio.Event):
+                event.set()
+
+
+class _Capture:
+    """Passes the response through and keeps a copy of it, up to ``limit`` bytes of body."""
+
+    __slots__ = ("_body", "_complete", "_headers", "_limit", "_over", "_send", "_status")
+
+    def __init__(self, send: Send, limit: int) -> None:
+        self._send = send
+        self._limit = limit
+        self._status: int | None = None
+        self._headers: tuple[tuple[bytes, bytes], ...] = ()
+        self._body: list[bytes] = []
+        self._over = False
+        self._complete = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._status = int(message["status"])
+            self._headers = tuple((bytes(k), bytes(v)) for k, v in message.get("headers", ()))
+        elif message["type"] == "http.response.body":
+            chunk = bytes(message.get("body", b""))
+            if not self._over:
+                self._body.append(chunk)
+                self._over = sum(map(len, self._body)) > self._limit
+            if not message.get("more_body", False):
+                self._complete = True
+        await self._send(message)
+
+    def answer(self) -> Answer | None:
+        """The response sent, if it was sent whole and its body fits the limit; else ``None``
+        (the waiters then arrive again and one of them runs the handler)."""
+        if self._status is None or not self._complete:
+            return None
+        if self._over:
+            _stats.count("server.join.too-large")
+            return None
+        return Answer(self._status, self._headers, b"".join(self._body))
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
+    """The request body (``None`` past ``limit``) and a ``receive`` that gives it to the app."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            chunks_msgs = [message]
+            break
+        chunk = bytes(message.get("body", b""))
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            chunks_msgs = []
+            break
+        if size > limit:
+            return None, _replaying([{"type": "http.request", "body": b"".join(chunks),
+                                      "more_body": True}], receive)
+    body = b"".join(chunks)
+    first = [{"type": "http.request", "body": body, "more_body": False}, *chunks_msgs]
+    return body, _replaying(first, receive)
+
+
+def _replaying(buffered: list[Message], receive: Receive) -> Receive:
+    async def replay() -> Message:
+        if buffered:
+            return buffered.pop(0)
+        return await receive()
+
+    return replay
+
+
+async def _wait(entry: Entry, deadline: float | None) -> Answer | None:
+    event = entry.signal
+    if not isinstance(event, asyncio.Event):
+        return None
+    left = _MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
+    try:
+        await asyncio.wait_for(event.wait(), min(left, _MAX_WAIT))
+    except TimeoutError:
+        return Answer(503, (), b"")  # the outer middleware answers a passed deadline itself
+    return entry.answer
+
+
+async def _send(send: Send, answer: Answer, joined: bytes | None) -> None:
+    headers = list(answer.headers)
+    if joined is not None:
+        headers.append((JOINED_HEADER, joined))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
