@@ -175,6 +175,15 @@ def test_a_do_not_retry_passes_its_pushback_upward_clamped_to_max_pushback(pushb
     assert action.reply.pushback == 60.0
 
 
+def test_a_do_not_retry_with_an_unreadable_pushback_passes_no_wait_upward() -> None:
+    # NaN is no wait anybody can tell (as for this layer's own pushback give-up), not max_pushback.
+    state = make(budget=2, backoff=NO_WAIT, max_pushback=60.0)
+    nan = float("nan")
+    action = state.on_failure(Failure(reply=Reply(1, True, "overloaded", nan)), now=0.0, u=0.5)
+    assert isinstance(action, GiveUp) and action.reply.dnr and action.reply.reason == "overloaded"
+    assert action.reply.pushback is None
+
+
 def test_an_attempt_never_sent_gives_back_what_forward_held() -> None:
     state = make(budget=3)
     assert state.forward() == 3 and state.tab.account.left == 0

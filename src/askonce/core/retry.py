@@ -263,8 +263,10 @@ class RetryState:
                  pushback: float | None = None) -> GiveUp:
         # What this layer tells its caller to wait is never more than it would wait itself: a
         # callee's Retry-After of a day reaches the public edge as max_pushback, not a day.
+        # A NaN pushback (an in-process reply's) is a wait nobody can tell: none, as on_failure
+        # has it for its own give-up.
         if pushback is not None and not pushback <= self.policy.max_pushback:
-            pushback = self.policy.max_pushback
+            pushback = self.policy.max_pushback if pushback == pushback else None
         return GiveUp(kind, Reply(self.tab.account.left, dnr, reason, pushback))
 
     def _fits(self, now: float, wait: float) -> bool:

@@ -24,18 +24,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
 
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
 
 JOINED_HEADER = b"askonce-joined"
 _MAX_REARRIVALS = 3  # a waiter whose run was abandoned arrives again, at most this often
