@@ -22,7 +22,7 @@ from askonce import Limits, Reply
 from askonce.core import wire
 from askonce.core.backoff import NO_WAIT
 from askonce.core.ledger import Kind, Ledger, LedgerPolicy
-from askonce.core.ledger.policy import path_template
+from askonce.core.naming import path_template
 from askonce.core.question import Hop
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.errors import attach_reply

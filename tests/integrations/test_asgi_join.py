@@ -7,8 +7,8 @@ arrival, the handler runs once per question while it is in flight or its answer 
 from __future__ import annotations
 
 import asyncio
-import time
 import concurrent.futures
+import time
 from collections import Counter
 from typing import Any
 

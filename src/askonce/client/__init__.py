@@ -33,6 +33,16 @@ from typing import Protocol, TypeVar, cast
 from askonce import _stats, propagation
 from askonce._context import FRAME
 from askonce._loop import AttemptContext, Pass, Tried, give_up, steps
+from askonce._replies import (
+    Record,
+    attach,
+    last_reply,
+    note,
+    record_replies,
+    recording,
+    replies,
+    stop_recording,
+)
 from askonce.client.policy import (
     DEFAULT_RETRY,
     IDEMPOTENT_METHODS,
@@ -47,16 +57,6 @@ from askonce.client.policy import (
     parse_retry_after,
     read_reply,
     reply_from,
-)
-from askonce.client.replies import (
-    Record,
-    attach,
-    last_reply,
-    note,
-    record_replies,
-    recording,
-    replies,
-    stop_recording,
 )
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy

@@ -34,10 +34,10 @@ from typing import Any, NamedTuple, Protocol, cast
 
 from askonce import _context, _stats, propagation
 from askonce._context import FRAME
-from askonce.client.replies import RECORD as _give_ups  # the context variable of replies()
-from askonce.client.replies import Record, recording
+from askonce._replies import RECORD as _give_ups  # the context variable of replies()
+from askonce._replies import Record, recording
 from askonce.core import is_int, is_real, wire
-from askonce.core.ledger.policy import MAX_OPERATION_CHARS
+from askonce.core.naming import MAX_OPERATION_CHARS
 from askonce.core.question import Frame
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of

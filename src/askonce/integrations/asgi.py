@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from askonce import _stats
-from askonce.core.ledger.policy import path_template
+from askonce.core.naming import path_template
 from askonce.core.wire import Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,

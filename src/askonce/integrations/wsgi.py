@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from askonce import _stats
-from askonce.core.ledger.policy import path_template
+from askonce.core.naming import path_template
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,

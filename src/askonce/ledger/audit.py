@@ -153,7 +153,7 @@ def _unescape(text: str) -> str:
 
 
 def _operation(method: str, path: str) -> str:
-    from askonce.core.ledger.policy import path_template  # the live targets' fallback naming
+    from askonce.core.naming import path_template  # the live targets' fallback naming
 
     return path_template(method, path.split("?", 1)[0])
 

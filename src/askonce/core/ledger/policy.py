@@ -1,4 +1,4 @@
-"""What a ledger is told to do (:class:`LedgerPolicy`), its windows, and how operations are named.
+"""What a ledger is told to do (:class:`LedgerPolicy`) and its windows.
 
 Kept apart from the counting (:mod:`askonce.core.ledger`) so that the counting state and the shells
 can read the policy without importing the ledger itself.
@@ -7,7 +7,6 @@ can read the policy without importing the ledger itself.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from askonce.core import is_int, is_real
@@ -64,24 +63,3 @@ def window_index(now: float, window: float) -> int:
         raise ValueError("ledger time must be a finite number of seconds (within range of the "
                          f"window), got {now!r}")
     return math.floor(index)
-
-
-MAX_OPERATION_CHARS = 160  # an operation name longer than this is cut: names are bounded
-
-_ID_SEGMENT = re.compile(
-    r"[0-9]+"  # numbers
-    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # UUIDs
-    r"|[0-9a-fA-F]{16,}"  # hex digests, object ids
-    r"|(?=[A-Za-z_-]*[0-9])[0-9A-Za-z_-]{20,}"  # long opaque tokens with a digit (ULID, base64)
-)
-
-
-def path_template(method: str, path: str) -> str:
-    """The fallback operation name: ``"GET /items/{id}"`` for ``GET /items/42``.
-
-    Numeric, UUID, long hex and long opaque segments become ``{id}``; the name is bounded in length.
-    Used when the framework's route table cannot be read.
-    """
-    segments = path.split("/")
-    out = "/".join("{id}" if _ID_SEGMENT.fullmatch(s) else s for s in segments)
-    return f"{method} {out}"[:MAX_OPERATION_CHARS]
