@@ -12,7 +12,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  # The ledger dashboard is tested in headless Chromium (tests/test_report_app.py).
+  # The ledger dashboard is tested in headless Chromium (tests/ledger/test_report_app.py).
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
     || echo "chromium not installed: the dashboard's browser test will skip" >&2
 fi

@@ -76,6 +76,7 @@ _BY_KIND: dict[Why, type[GaveUp]] = {
     Why.PUSHBACK: DoNotRetry,
     Why.THROTTLED: RetryThrottled,
     Why.BREAKER_OPEN: CircuitOpen,
+    Why.SHED: CircuitOpen,
 }
 
 _MESSAGES = {
@@ -85,6 +86,7 @@ _MESSAGES = {
     Why.PUSHBACK: "callee asked to wait longer than this layer's max_pushback",
     Why.THROTTLED: "retry token bucket for the target is empty",
     Why.BREAKER_OPEN: "circuit breaker is open",
+    Why.SHED: "attempt shed: the target fails nearly every call",
 }
 
 

@@ -13,6 +13,8 @@ from askonce.core.backoff import NO_WAIT
 from askonce.core.breaker import Breaker, BreakerPolicy, State
 from askonce.core.question import Account, Tab
 from askonce.core.retry import ANSWERED, Failure, RetryPolicy, RetryState, Why
+from askonce.core.wire import Reply
+from askonce.errors import CircuitOpen, error_for
 
 FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)
 
@@ -74,10 +76,13 @@ def test_a_shed_probe_frees_the_breakers_slot(u: float) -> None:
         assert made == 1 and breaker.state is State.CLOSED
 
 
-def test_the_shed_give_up_is_the_breakers_kind() -> None:
+def test_the_shed_give_up_is_its_own_kind_raised_as_circuit_open() -> None:
     state = RetryState(RetryPolicy(deadline=None), Tab("k", "client", True, Account(2), None),
                        "layer", False)
-    assert state.refused().kind is Why.BREAKER_OPEN
+    give_up = state.refused()
+    assert give_up.kind is Why.SHED and give_up.reply == Reply(2, True, "shed")
+    err = error_for(give_up, None, layer="layer", key="k", attempts=0)
+    assert isinstance(err, CircuitOpen) and "shed" in str(err) and "breaker" not in str(err)
 
 
 @pytest.mark.parametrize("kept", [None, False])

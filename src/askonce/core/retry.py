@@ -187,7 +187,7 @@ class Acquire(NamedTuple):
 
 
 class Why(StrEnum):
-    """Why a layer gave up. The first six are askonce's limits (an askonce exception); the last
+    """Why a layer gave up. The first seven are askonce's limits (an askonce exception); the last
     three are the layer's own (the original error is re-raised, the reply attached)."""
 
     EXHAUSTED = "exhausted"  # the question's budget is spent
@@ -196,6 +196,7 @@ class Why(StrEnum):
     PUSHBACK = "pushback"  # a callee asked to wait longer than max_pushback
     THROTTLED = "throttled"  # the per-target retry token bucket is empty
     BREAKER_OPEN = "breaker-open"  # the target's circuit breaker refused the attempt
+    SHED = "shed"  # adaptive admission refused the attempt: the target fails nearly every call
     NOT_RETRYABLE = "not-retryable"  # the failure is not one this layer retries
     NOT_IDEMPOTENT = "not-idempotent"  # an unsafe request that may have reached the callee
     ATTEMPTS = "attempts"  # this layer's own attempt limit
@@ -331,7 +332,7 @@ class RetryState:
     def refused(self) -> GiveUp:
         """The admission controller shed the attempt (``core.admission``): the target is failing
         nearly every call; tell the caller not to retry."""
-        return self._give_up(Why.BREAKER_OPEN, True, "shed")
+        return self._give_up(Why.SHED, True, "shed")
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""

@@ -234,7 +234,7 @@ def note_failure(exc: BaseException) -> None:
         arrival._noted = exc
 
 
-class Values:
+class _Values:
     """The question header's raw values as ``propagation.extract`` reads them.
 
     Duplicates are malformed.
@@ -289,7 +289,7 @@ class Server:
                 _stats.count(f"malformed.question.{cast(wire.Malformed, parsed).reason}")
         elif values:
             # Duplicates: malformed, counted there.
-            q = propagation.extract(Values(values), limits=o.limits, now=now)
+            q = propagation.extract(_Values(values), limits=o.limits, now=now)
             if q is not None:
                 frame = (propagation.tab_from(q), q.path)
         minted = frame is None

@@ -33,7 +33,7 @@ import grpc
 from grpc import aio
 
 from askonce._stats import count
-from askonce.client import Caller, ClientPolicy, Outcome
+from askonce.client import Caller, ClientPolicy, Outcome, reply_from
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
 from askonce.core.verdict import health
 from askonce.core.wire import MAX_BUDGET, QUESTION_HEADER, REPLY_HEADER, Reply
@@ -45,8 +45,6 @@ from askonce.integrations._grpc_server import (
     Code,
     Metadata,
 )
-from askonce.integrations._server import Values
-from askonce.propagation import extract_reply
 from askonce.stores.base import AsyncStore, Store
 
 __all__ = [
@@ -98,7 +96,7 @@ def judge_status(code: grpc.StatusCode, details: str | None, trailing: Metadata 
     """
     trailing = tuple(trailing or ())
     # Two replies: malformed.
-    reply = extract_reply(Values([v for k, v in trailing if k == REPLY_HEADER]))
+    reply = reply_from([v for k, v in trailing if k == REPLY_HEADER])
     if any(k == REPLY_BIN for k, _ in trailing):
         count("malformed.reply.binary")  # the reply is ASCII metadata; a binary one is not read
     if code == Code.OK:

@@ -128,7 +128,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="askonce: each layer's deadline_grace, seconds "
                         "(default 0: timed-out tries are not retried)")
     k.add_argument("--per-client", action="store_true",
-                   help="askonce: a bucket and breaker per client instead of one for the fleet")
+                   help="askonce: a bucket, breaker and admission controller per client instead "
+                        "of one for the fleet")
     p.set_defaults(func=run)
     return p
 

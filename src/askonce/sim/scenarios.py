@@ -12,9 +12,10 @@ Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns th
 * ``askonce`` - the question travels (budget, deadline, path); every layer keeps its attempt limit
   and the library's default per-target bucket; the layer nearest the target has the library's
   default adaptive admission (``core.admission``: it sheds attempts only when the target answers
-  under 5 % of them; issue 13), and no breaker unless ``Knobs.askonce_breaker``; the target sheds
-  work past the propagated deadline. Layer 1's bucket, admission and breaker are shared by the
-  whole client fleet (``shared``), as with the Redis store.
+  under 5 % of them), and no breaker unless ``Knobs.askonce_breaker``; the target sheds work past
+  the propagated deadline. Layer 1's bucket and breaker are shared by the whole client fleet
+  (``shared``), as with the Redis store; so is the admission controller when layer 1 is the layer
+  nearest the target (depth 1).
 """
 
 from __future__ import annotations
