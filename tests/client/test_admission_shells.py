@@ -39,20 +39,7 @@ def frozen() -> float:
     return 100.0
 
 
-# --- targets --------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def _server() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def target(_server: Target) -> Target:
-    _server.reset()
-    return _server
+# --- targets (``target``, the shared one, comes from conftest.py) -----------------------------------
 
 
 class Alternating:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import http.client
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,20 +18,6 @@ from askonce.core.question import Account, Tab
 from askonce.core.wire import REPLY_HEADER, format_reply
 from askonce.stores.memory import MemoryStore
 from http_target import StdlibExchange, Target, call, policy, refused_url
-
-
-@pytest.fixture(scope="module")
-def _server() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def target(_server: Target) -> Target:
-    _server.reset()
-    return _server
-
 
 # --- the Caller against a real server -------------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,20 +14,6 @@ from askonce import Reply
 from askonce.client import last_reply, replies
 from askonce.core.wire import REPLY_HEADER
 from http_target import Target, call, policy
-
-
-@pytest.fixture(scope="module")
-def _server() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def target(_server: Target) -> Target:
-    _server.reset()
-    return _server
-
 
 # --- recording the replies of give-ups --------------------------------------------------------------------
 
