@@ -1,15 +1,60 @@
-"""The ``askonce`` command: ``demo`` | ``simulate`` | ``report`` | ``audit``."""
+"""The ``askonce`` command: ``demo`` | ``simulate`` | ``report`` | ``audit``.
+
+Every error a user can meet ends with one line on stderr and exit status 2 (usage) or 1 (the
+work could not be done): :func:`fail` writes it, :class:`Parser` routes argparse's usage errors
+through it, and :func:`main` turns a missing optional module into the extra to install and a
+closed stdout (``askonce report --json | head``) into a quiet exit.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from askonce import __version__
+
+USAGE, FAILED = 2, 1
+COMMANDS = ("demo", "simulate", "report", "audit")
+# An optional module -> the extra that installs it.
+EXTRAS = {"rich": "demo", "matplotlib": "plots", "redis": "redis", "fastapi": "demo",
+          "starlette": "demo", "uvicorn": "demo", "flask": "demo", "waitress": "demo",
+          "httpx": "demo", "requests": "demo"}
+
+
+def fail(command: str, message: str, code: int) -> NoReturn:
+    """End the command with one line on stderr, ``<command>: <message>``, and exit ``code``."""
+    print(f"{command}: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (argparse adds the usage before)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message} (see {self.prog} --help)", USAGE)
+
+
+def writable_dir(command: str, flag: str, path: str | Path) -> None:
+    """Create ``path`` and check a file can be written there, before any work starts."""
+    if Path(path).exists() and not Path(path).is_dir():
+        fail(command, f"{flag} {path}: not a directory", USAGE)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        fail(command, f"{flag} {path}: cannot write there ({exc.strerror or exc})", USAGE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="askonce", description="Stop retry storms across layers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="askonce", description="Stop retry storms across layers.")
+    parser.add_argument("--version", action="version", version=f"askonce {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     from askonce.demo.cli import add_parser as add_demo  # cheap: the stack loads when it runs
 
     add_demo(sub)
@@ -24,7 +69,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_report_parser(sub)
     add_audit_parser(sub)
     args = parser.parse_args(argv)
-    code: int = args.func(args)
+    if args.command is None:
+        parser.print_help()
+        fail("askonce", f"a command is required: {', '.join(COMMANDS)}", USAGE)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()  # here, so that a closed stdout is seen here
+    except ModuleNotFoundError as exc:
+        root = (exc.name or "").partition(".")[0]
+        if root not in EXTRAS:
+            raise
+        fail(f"askonce {args.command}", f"needs {root}: pip install 'askonce[{EXTRAS[root]}]'",
+             FAILED)
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: no traceback, and no
+        # second one when the interpreter flushes stdout on its way out.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout with no file descriptor (a test's capture)
+            pass
+        return FAILED
     return code
 
 
