@@ -37,6 +37,7 @@ from askonce.demo.params import (
     scenarios,
 )
 from askonce.demo.target import Pool
+from cli_run import one_line_error, run_cli
 from redis_server import RedisServer
 
 DEMO = [sys.executable, "-m", "askonce.demo.cli"]
@@ -372,3 +373,33 @@ def test_the_grace_reaches_every_scenario_and_absurd_values_are_refused() -> Non
         scenarios(grace=float("nan"))
     with pytest.raises(ValueError, match="grace"):
         LayerSettings(grace=-0.5)
+
+
+@pytest.mark.parametrize("questions", ["0", "-3", "many"])
+def test_in_process_questions_below_one_are_a_usage_error(questions: str) -> None:
+    done = run_cli(["demo", "--in-process", "--questions", questions])
+    one_line_error(done, 2, "--questions", "at least 1")
+
+
+@pytest.mark.parametrize("flags", [["--questions", "5"], ["--depth", "2"]])
+def test_in_process_flags_without_in_process_are_refused(flags: list[str]) -> None:
+    one_line_error(run_cli(["demo", *flags]), 2, flags[0], "only applies with --in-process")
+
+
+def test_in_process_flags_have_help() -> None:
+    out = run_cli(["demo", "--help"]).stdout
+    assert "at least 1" in out and "retrying layers" in out and "refused without it" in out
+
+
+@pytest.mark.parametrize("where", ["/proc/nope", "a-file"])
+def test_an_out_folder_that_cannot_be_written_is_refused_before_the_stack_starts(
+        where: str, tmp_path: Path) -> None:
+    if where == "a-file":
+        where = str(tmp_path / "a-file")
+        Path(where).write_text("")
+    one_line_error(run_cli(["demo", "--quick", "--out", where], timeout=10), 2, "--out", where)
+
+
+def test_a_missing_rich_names_the_extra(tmp_path: Path) -> None:
+    done = run_cli(["demo", "--quick", "--out", str(tmp_path)], block=("rich",), timeout=10)
+    one_line_error(done, 2, "rich", "pip install 'askonce[demo]'")

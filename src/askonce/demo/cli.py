@@ -18,6 +18,7 @@ from typing import Any
 SCENARIOS = ("outage", "transient", "slow", "overload")
 # askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module.
 DEMO_BUDGET = 3
+QUESTIONS, DEPTH = 1000, 3  # --in-process
 
 
 def _scenarios(text: str) -> tuple[str, ...]:
@@ -35,6 +36,16 @@ def _grace(text: str) -> float:
         value = -1.0
     if not 0 <= value <= 10:  # NaN fails too
         raise argparse.ArgumentTypeError(f"seconds within 0..10, got {text!r}")
+    return value
+
+
+def _questions(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"questions must be at least 1, got {text!r}")
     return value
 
 
@@ -68,9 +79,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true",
                    help="no sockets: the three layers' arithmetic in one process "
                         "(needs no extra package)")
-    g = p.add_argument_group("--in-process only")
-    g.add_argument("--questions", type=int, default=1000)
-    g.add_argument("--depth", type=int, default=3, choices=range(1, 6))
+    g = p.add_argument_group("--in-process only (refused without it)")
+    g.add_argument("--questions", type=_questions, metavar="N",
+                   help=f"questions per scenario and policy, at least 1 (default {QUESTIONS})")
+    g.add_argument("--depth", type=int, choices=range(1, 6), metavar="N",
+                   help=f"retrying layers, 1..5 (default {DEPTH})")
     p.set_defaults(func=run)
     return p
 
@@ -78,6 +91,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.in_process:
         return _in_process(args)
+    only = [flag for flag, value in (("--questions", args.questions), ("--depth", args.depth))
+            if value is not None]
+    if only:
+        from askonce.cli import USAGE, fail
+
+        verb = "apply" if len(only) > 1 else "applies"
+        fail("askonce demo", f"{' and '.join(only)} only {verb} with --in-process", USAGE)
     from askonce.demo.main import Options, run_demo
 
     return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json,
@@ -106,6 +126,8 @@ def _command(args: argparse.Namespace) -> str:
 def _in_process(args: argparse.Namespace) -> int:
     from askonce.demo.inprocess import rows
 
+    args.questions = QUESTIONS if args.questions is None else args.questions
+    args.depth = DEPTH if args.depth is None else args.depth
     result = rows(questions=args.questions, depth=args.depth, budget=args.budget)
     if args.json:
         print(json.dumps({"mode": "in-process", "scenarios": [r.to_dict() for r in result]},
@@ -125,11 +147,9 @@ def _in_process(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m askonce.demo.cli``: the same command without the ``askonce`` front end."""
-    parser = argparse.ArgumentParser(prog="askonce")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["demo", *(sys.argv[1:] if argv is None else argv)])
-    code: int = args.func(args)
-    return code
+    from askonce.cli import main as askonce
+
+    return askonce(["demo", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -80,21 +80,23 @@ def lanes(chosen: dict[str, Scenario]) -> list[list[tuple[Scenario, str]]]:
 
 
 def run_demo(opts: Options) -> int:
+    from askonce.cli import USAGE, fail, writable_dir
+
+    missing = missing_packages()
+    if missing:  # before rich, which may be the one missing
+        fail("askonce demo", f"needs {', '.join(missing)}: pip install 'askonce[demo]' (or run "
+             "'askonce demo --in-process', which needs nothing)", USAGE)
+    out = opts.out or Path(f"askonce-report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    writable_dir("askonce demo", "--out", out)
     from rich.console import Console
 
     width = None if sys.stdout.isatty() else 132  # a pipe or file gets the whole table, unwrapped
     err = Console(stderr=True, width=width)
-    missing = missing_packages()
-    if missing:
-        err.print(f"askonce demo needs {', '.join(missing)}: pip install 'askonce[demo]' (or run "
-                  "'askonce demo --in-process', which needs nothing)")
-        return 2
     if opts.redis is not None:
         why = check_redis(opts.redis)
         if why is not None:
             err.print(f"askonce demo: {why}")
             return 2
-    out = opts.out or Path(f"askonce-report-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     console = err if opts.json else Console(width=width)
     chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace).items()
               if n in opts.scenarios}
