@@ -8,7 +8,9 @@ import json
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +23,7 @@ from askonce.sim.cli import add_parser
 from askonce.sim.model import Sim
 from askonce.sim.scenarios import Knobs, Row, percentile, preset, recovery
 from askonce.sim.world import Policy, World
-from cli_run import run
+from cli_run import one_line_error, run, run_cli
 
 FOREVER = scenarios.FOREVER
 
@@ -398,3 +400,18 @@ def test_the_admission_flags_reach_the_askonce_policy_only() -> None:
         assert preset(name, knobs("--admission-min-success", "0.02")).admission is None
     with pytest.raises(ValueError):
         knobs("--admission-max-reject", "1.0")
+
+
+@pytest.mark.parametrize("where", ["/proc/nope", "a-file"])
+def test_a_plots_folder_that_cannot_be_written_is_refused_before_any_run(where: str, tmp_path: Path) -> None:
+    if where == "a-file":
+        where = str(tmp_path / "a-file")
+        Path(where).write_text("")
+    started = time.monotonic()
+    one_line_error(run_cli(["simulate", "--quiet", "--plots", where], timeout=20), 2, "--plots", where)
+    assert time.monotonic() - started < 5  # not after the runs (all of them: ~7 s)
+
+
+def test_a_missing_matplotlib_names_the_extra_before_any_run(tmp_path: Path) -> None:
+    done = run_cli(["simulate", "--quiet", "--plots", str(tmp_path)], block=("matplotlib",), timeout=20)
+    one_line_error(done, 1, "matplotlib", "pip install 'askonce[plots]'")

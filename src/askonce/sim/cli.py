@@ -228,6 +228,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Every usage error before any run.
         kwargs = {name: _scenario_kwargs(name, args) for name in names}
+        if args.plots:
+            import matplotlib  # noqa: F401  # missing: askonce.cli names the extra
+
+            from askonce.cli import writable_dir
+
+            writable_dir("askonce simulate", "--plots", args.plots)
         for name in names:
             rows += s.SCENARIOS[name](**kwargs[name], progress=progress)
     except ValueError as exc:  # a bad policy name or parameter: say which, not a traceback
