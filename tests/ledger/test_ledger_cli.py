@@ -21,7 +21,7 @@ from access_logs import T0, header, jsonl, key, live, nginx, traffic
 from askonce.ledger.cli import main
 from askonce.ledger.report_app import ReportApp
 from askonce.ledger.store import MemoryLedger, RedisLedger
-from cli_run import run
+from cli_run import one_line_error, run, run_cli
 from redis_server import RedisServer
 
 # --- the commands ----------------------------------------------------------------------------------------
@@ -179,3 +179,33 @@ def test_report_from_a_url_answering_a_malformed_report(body: object, server: tu
     # the answer was read and judged, not a fetch that failed (which prints the same prefix)
     assert "answered a malformed report" in err or "did not answer with a ledger report" in err, err
     assert bodies == []  # the server was asked for it
+
+
+def test_report_from_a_url_answering_an_html_page(server: tuple[str, list[bytes]]) -> None:
+    url, bodies = server
+    bodies.append(b"<!doctype html><html><body>Welcome to nginx!</body></html>")
+    done = run_cli(["report", "--url", url, "--timeout", "5"])
+    err = one_line_error(done, 1, "did not answer with an askonce report", "not JSON")
+    assert "Expecting value" not in err
+
+
+def test_report_into_a_closed_stdout_exits_quietly(server: tuple[str, list[bytes]]) -> None:
+    url, bodies = server
+    ops = [{"start": T0, "current": False, "operation": f"op{i}", "arrivals": 1, "attributable": 0,
+            "distinct_keys": 0, "approximate": False, "amplification": None, "coverage": None,
+            "per_key": {"p50": None, "p99": None, "max": None}, "undeclared_retries": 0, "refused": 0,
+            "reminted_by": {}, "retries_by": {}} for i in range(2000)]  # more than a pipe holds
+    bodies.append(json.dumps({"operations": ops}).encode())
+    proc = subprocess.Popen([sys.executable, "-m", "askonce.cli", "report", "--json", "--url", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)  # `| head -c 10`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(30) == 1, err  # as the Python docs' recipe for SIGPIPE exits
+    assert err == "", err
+
+
+def test_report_without_the_redis_package_names_the_extra() -> None:
+    done = run_cli(["report", "--redis", "redis://127.0.0.1:1/0"], block=("redis",))
+    one_line_error(done, 1, "redis", "pip install 'askonce[redis]'")

@@ -106,6 +106,8 @@ def _output_options(p: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     try:
         data = _from_url(args.url, args.timeout) if args.url else _from_redis(args)
+    except ModuleNotFoundError:  # redis: askonce.cli names the extra
+        raise
     except Exception as exc:
         print(f"askonce report: {exc}", file=sys.stderr)
         return 1
@@ -144,7 +146,12 @@ def _from_url(url: str, timeout: float) -> dict[str, Any]:
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        data: dict[str, Any] = json.loads(response.read())
+        body = response.read()
+    try:
+        data: dict[str, Any] = json.loads(body)
+    except ValueError:  # an HTML page, a proxy's error page, ...
+        raise ValueError(f"{url} did not answer with an askonce report (not JSON: "
+                         f"{body[:40]!r})") from None
     if not isinstance(data, dict) or not isinstance(data.get("operations"), list):
         raise ValueError(f"{url} did not answer with a ledger report")
     return data
@@ -263,14 +270,10 @@ def _print(data: dict[str, Any], plain: bool, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="askonce",
-                                     description="The target's ledger, from Redis or from logs.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_report_parser(sub)
-    add_audit_parser(sub)
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
+    """``python -m askonce.ledger.cli report|audit ...``: the ``askonce`` command's."""
+    from askonce.cli import main as askonce
+
+    return askonce(argv)
 
 
 if __name__ == "__main__":
