@@ -1,54 +1,25 @@
 """The ``askonce`` command: ``demo`` | ``simulate`` | ``report`` | ``audit``.
 
 Every error a user can meet ends with one line on stderr and exit status 2 (usage) or 1 (the
-work could not be done): :func:`fail` writes it, :class:`Parser` routes argparse's usage errors
-through it, and :func:`main` turns a missing optional module into the extra to install and a
-closed stdout (``askonce report --json | head``) into a quiet exit.
+work could not be done): ``askonce._cli.fail`` writes it, ``_cli.Parser`` routes argparse's
+usage errors through it, and :func:`main` turns a missing optional module into the extra to
+install and a closed stdout (``askonce report --json | head``) into a quiet exit.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
-from typing import NoReturn
 
 from askonce import __version__
+from askonce._cli import FAILED, USAGE, Parser, fail
 
-USAGE, FAILED = 2, 1
 COMMANDS = ("demo", "simulate", "report", "audit")
 # An optional module -> the extra that installs it.
 EXTRAS = {"rich": "demo", "matplotlib": "plots", "redis": "redis", "fastapi": "demo",
           "starlette": "demo", "uvicorn": "demo", "flask": "demo", "waitress": "demo",
           "httpx": "demo", "requests": "demo"}
-
-
-def fail(command: str, message: str, code: int) -> NoReturn:
-    """End the command with one line on stderr, ``<command>: <message>``, and exit ``code``."""
-    print(f"{command}: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line (argparse adds the usage before)."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(self.prog, f"{message} (see {self.prog} --help)", USAGE)
-
-
-def writable_dir(command: str, flag: str, path: str | Path) -> None:
-    """Create ``path`` and check a file can be written there, before any work starts."""
-    if Path(path).exists() and not Path(path).is_dir():
-        fail(command, f"{flag} {path}: not a directory", USAGE)
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        fail(command, f"{flag} {path}: cannot write there ({exc.strerror or exc})", USAGE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 # Lowest first. A module belongs to the first entry its dotted name starts with (longest wins).
 LAYERS: list[tuple[str, ...]] = [
     ("askonce.core",),
-    ("askonce.errors", "askonce._stats", "askonce._context", "askonce._replies"),
+    ("askonce.errors", "askonce._stats", "askonce._context", "askonce._replies", "askonce._cli"),
     ("askonce.propagation", "askonce.verdict", "askonce.stores"),
     ("askonce._loop",),
     ("askonce.breakers", "askonce.retrying"),
@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("askonce.ledger",),
     ("askonce.integrations",),
     ("askonce.sim", "askonce.demo"),
-    ("askonce.cli",),
+    ("askonce.cli", "askonce.__main__"),
 ]
 
 

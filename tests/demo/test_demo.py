@@ -40,7 +40,7 @@ from askonce.demo.target import Pool
 from cli_run import one_line_error, run_cli
 from redis_server import RedisServer
 
-DEMO = [sys.executable, "-m", "askonce.demo.cli"]
+DEMO = [sys.executable, "-m", "askonce", "demo"]
 
 
 # --- pure pieces ------------------------------------------------------------------------------------

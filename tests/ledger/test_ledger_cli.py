@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from access_logs import T0, header, jsonl, key, live, nginx, traffic
-from askonce.ledger.cli import main
+from askonce.cli import main
 from askonce.ledger.report_app import ReportApp
 from askonce.ledger.store import MemoryLedger, RedisLedger
 from cli_run import one_line_error, run, run_cli
@@ -45,7 +45,7 @@ def test_audit_command_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_audit_reads_stdin(tmp_path: Path) -> None:
     lines = b"".join(nginx(T0 + i, f"GET /p/{i} HTTP/1.1", header(key(i))) for i in range(20))
-    done = subprocess.run([sys.executable, "-m", "askonce.ledger.cli", "audit", "-", "--format", "nginx", "--json"],
+    done = subprocess.run([sys.executable, "-m", "askonce", "audit", "-", "--format", "nginx", "--json"],
                           input=lines, capture_output=True, timeout=60, check=True)
     data = json.loads(done.stdout)
     assert data["totals"]["arrivals"] == 20 and data["totals"]["amplification"] == 1.0

@@ -22,7 +22,7 @@ from askonce.demo import params
 from askonce.sim import fidelity
 from askonce.sim.fidelity import predict_demo, success_within, within
 
-DEMO = [sys.executable, "-m", "askonce.demo.cli"]
+DEMO = [sys.executable, "-m", "askonce", "demo"]
 SCENARIOS = ("outage", "transient", "slow")
 ROW_KEYS = {"scenario", "policy", "questions", "arrivals_per_question", "coverage", "success_rate", "latency_ms",
             "recovery_s"}

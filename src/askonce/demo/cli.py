@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     only = [flag for flag, value in (("--questions", args.questions), ("--depth", args.depth))
             if value is not None]
     if only:
-        from askonce.cli import USAGE, fail
+        from askonce._cli import USAGE, fail
 
         verb = "apply" if len(only) > 1 else "applies"
         fail("askonce demo", f"{' and '.join(only)} only {verb} with --in-process", USAGE)
@@ -143,14 +142,3 @@ def _in_process(args: argparse.Namespace) -> int:
     print("\nArrivals are counted at the target per question key. Naive layers multiply "
           f"(3^{args.depth} = {3 ** args.depth}); askonce holds every question to 1 + budget.")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m askonce.demo.cli``: the same command without the ``askonce`` front end."""
-    from askonce.cli import main as askonce
-
-    return askonce(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -80,7 +80,7 @@ def lanes(chosen: dict[str, Scenario]) -> list[list[tuple[Scenario, str]]]:
 
 
 def run_demo(opts: Options) -> int:
-    from askonce.cli import USAGE, fail, writable_dir
+    from askonce._cli import USAGE, fail, writable_dir
 
     missing = missing_packages()
     if missing:  # before rich, which may be the one missing

@@ -21,10 +21,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["add_audit_parser", "add_report_parser", "main"]
+__all__ = ["add_audit_parser", "add_report_parser"]
 
 # One operation's figures in one window, as Report.to_dict() writes them.
 Row = dict[str, Any]
@@ -267,14 +266,3 @@ def _print(data: dict[str, Any], plain: bool, title: str) -> None:
     console.print(table)
     for note in notes:
         console.print(note, highlight=False, markup=False)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m askonce.ledger.cli report|audit ...``: the ``askonce`` command's."""
-    from askonce.cli import main as askonce
-
-    return askonce(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plots:
             import matplotlib  # noqa: F401  # missing: askonce.cli names the extra
 
-            from askonce.cli import writable_dir
+            from askonce._cli import writable_dir
 
             writable_dir("askonce simulate", "--plots", args.plots)
         for name in names:
