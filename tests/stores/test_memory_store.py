@@ -371,3 +371,47 @@ def test_a_non_finite_time_is_the_callers_bug(now: float) -> None:
     handle = MemoryStore(clock).breaker("svc", SMALL)
     with pytest.raises(ValueError):
         handle.record(now, success=True)
+
+
+# --- eviction by state ----------------------------------------------------------------------------
+
+OPENS_FAST = BreakerPolicy(minimum_calls=2, failure_rate=0.5, window_size=10, open_for=60.0)
+ONE_RETRY = BucketPolicy(ratio=0.0, floor=1.0, max_tokens=0.0)  # one retry token, refilled at 1/s
+
+
+def test_a_flood_of_new_targets_cannot_reset_an_open_breaker_or_a_drained_bucket() -> None:
+    from stats_delta import delta
+
+    store = MemoryStore(lambda: 0.0, max_targets=8)  # time stands still: nothing heals by itself
+    victim = store.breaker("victim", OPENS_FAST)
+    for _ in range(2):
+        assert victim.allow(0.0)
+        victim.record(0.0, success=False)
+    assert victim.state(0.0) is State.OPEN
+    drained = store.bucket("victim", ONE_RETRY)
+    assert drained.withdraw(0.0) and not drained.withdraw(0.0)
+    before = askonce.stats()
+    for i in range(1000):  # hostnames from webhooks, user URLs...
+        store.breaker(f"t{i}", OPENS_FAST)
+        store.bucket(f"t{i}", ONE_RETRY)
+    assert store.breaker("victim", OPENS_FAST) is victim and victim.state(0.0) is State.OPEN
+    assert store.bucket("victim", ONE_RETRY) is drained and not drained.withdraw(0.0)
+    assert len(store._breakers) == len(store._buckets) == 8
+    assert delta(before) == {"store.memory.evicted": 2 * (1000 - 7)}
+
+
+def test_when_every_entry_is_engaged_the_oldest_goes_and_is_counted_apart() -> None:
+    from stats_delta import delta
+
+    store = MemoryStore(lambda: 0.0, max_targets=3)
+    before = askonce.stats()
+    handles = []
+    for i in range(4):
+        b = store.breaker(f"t{i}", OPENS_FAST)
+        for _ in range(2):
+            b.allow(0.0)
+            b.record(0.0, success=False)
+        handles.append(b)
+    assert [b.state(0.0) for b in handles] == [State.OPEN] * 4
+    assert store.breaker("t0", OPENS_FAST) is not handles[0]  # the oldest engaged one went
+    assert delta(before) == {"store.memory.evicted-engaged": 2}  # t0 for t3, then t1 for t0 again

@@ -112,6 +112,12 @@ class Admission:
             self._successes[i] += 1
             self.successes += 1
 
+    def at_rest(self, now: float) -> bool:
+        """No failure in its window: forgetting it loses no history that could shed. A store evicts
+        such controllers before ones that have seen failures."""
+        self._tick(now)
+        return self.calls == self.successes
+
     def snapshot(self) -> dict[str, object]:
         """Counters as of the latest ``now`` seen."""
         return {"requests": self.requests, "calls": self.calls, "successes": self.successes,

@@ -74,6 +74,12 @@ class TokenBucket:
         self._settle(now)
         return self.earned + self.floor_tokens
 
+    def at_rest(self, now: float) -> bool:
+        """At least as generous as a new bucket (its floor is full): forgetting it gives a caller no
+        retry it could not already make. A store evicts such buckets before drained ones."""
+        self._settle(now)
+        return self.floor_tokens >= self._floor_cap()
+
     def withdraw(self, now: float) -> bool:
         """Take one retry token if there is one."""
         self._settle(now)

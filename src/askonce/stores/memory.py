@@ -3,8 +3,10 @@
 Deposits (one per first attempt) take no lock: a deposit lost to a thread race only makes the bucket
 more conservative. Withdrawals, which decide whether a retry happens, are made under a lock, and so
 is every breaker operation (the core breaker holds no lock of its own). The number of targets is
-bounded; past it the least recently created bucket or breaker is dropped (counted as
-``store.memory.evicted``), so a caller that keys by unbounded names cannot grow memory without end.
+bounded; past it the oldest entry *at rest* is dropped (a closed breaker with no failure in its
+window, a bucket whose floor is full: a new one would be the same; counted as
+``store.memory.evicted``), so a caller that keys by unbounded names cannot grow memory without end,
+nor reset an open breaker or a drained bucket by flooding it with new names.
 Admission handles (``core.admission``, adaptive shedding) are bounded the same way, one lock each.
 
 A breaker handle reports its state changes to listeners (``add_listener``); they run after the lock
@@ -26,7 +28,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from askonce._stats import count
 from askonce.core.admission import Admission, AdmissionPolicy
@@ -38,7 +40,12 @@ __all__ = ["AdmissionHandle", "BreakerHandle", "BucketHandle", "Listener", "Memo
 Listener = Callable[[str, Transition], object]
 """Called as ``listener(target, transition)`` after a breaker changed state."""
 
-H = TypeVar("H")
+class _Evictable(Protocol):
+    def at_rest(self, now: float) -> bool: ...
+
+
+H = TypeVar("H", bound=_Evictable)
+_SCAN = 64  # entries looked at per eviction: bounded work per new target
 K = TypeVar("K")
 _CLOSED = State.CLOSED
 _NEVER = -math.inf
@@ -64,6 +71,10 @@ class BucketHandle:
     def tokens(self, now: float) -> float:
         with self._lock:
             return self._bucket.tokens(now)
+
+    def at_rest(self, now: float) -> bool:
+        """For the store's eviction, which holds the lock this bucket shares with the store."""
+        return self._bucket.at_rest(now)
 
 
 def notify(listeners: tuple[Listener, ...], target: str, transitions: list[Transition]) -> None:
@@ -213,6 +224,15 @@ class BreakerHandle:
             notify(self._listeners, self.target, moved)
         return snap
 
+    def at_rest(self, now: float) -> bool:
+        with self._lock:
+            self._fold()
+            rest = self._breaker.at_rest(now)
+            moved = self._settle()
+        if moved:
+            notify(self._listeners, self.target, moved)
+        return rest
+
 
 class AdmissionHandle:
     """One target's adaptive admission controller, serialised by a lock of its own.
@@ -245,6 +265,10 @@ class AdmissionHandle:
         """The window's counters (``requests``, ``calls``, ``successes``) and ``p``."""
         with self._lock:
             return self._admission.snapshot()
+
+    def at_rest(self, now: float) -> bool:
+        with self._lock:
+            return self._admission.at_rest(now)
 
 
 class MemoryStore:
@@ -292,7 +316,26 @@ class MemoryStore:
             if handle is None:
                 handle = table[key] = make()
                 if len(table) > self._max:
-                    table.popitem(last=False)
-                    count("store.memory.evicted")
+                    self._evict(table, key)
             return handle
+
+    def _evict(self, table: OrderedDict[K, H], new: K) -> None:
+        """Drop the oldest entry at rest (nothing lost: a new one would be the same); an engaged
+        one (an open breaker, a drained bucket) is kept and looked past, so that a flood of new
+        target names cannot reset protection that is engaged. Only when ``_SCAN`` entries in a row
+        are engaged does the oldest of them go (``store.memory.evicted-engaged``)."""
+        now = self._clock()
+        first_engaged: K | None = None
+        for _ in range(min(_SCAN, len(table) - 1)):  # never as far as ``new``, the newest
+            key, handle = next(iter(table.items()))
+            if handle.at_rest(now):
+                del table[key]
+                count("store.memory.evicted")
+                return
+            if first_engaged is None:
+                first_engaged = key
+            table.move_to_end(key)  # engaged: kept, and looked at last next time
+        if first_engaged is not None:
+            del table[first_engaged]
+            count("store.memory.evicted-engaged")
 
