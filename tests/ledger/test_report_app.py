@@ -160,6 +160,9 @@ def test_both_endpoints_over_a_real_server(served: str) -> None:
     page = httpx.get(served, timeout=5)
     data = httpx.get(served + "report.json", timeout=5).json()
     assert page.status_code == 200 and "<svg" not in page.text  # the charts are drawn by the script
+    # an empty icon of its own: a browser asks for no /favicon.ico, which would reach the app behind
+    # and its ledger as an unmatched operation
+    assert '<link rel="icon" href="data:,">' in page.text
     assert [(o["operation"], o["amplification"]) for o in data["operations"] if o["current"]] == [
         ("GET /items/{id}", 1.0), ("POST /<pay>", 3.0)]
 

@@ -121,6 +121,7 @@ async def _respond(send: Send, status: int, body: bytes, content_type: str,
 DASHBOARD = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>askonce ledger</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <style>
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
 h1{font-size:1.3em;margin:0 0 .2em} #status{color:#555;margin-bottom:1em} #status.bad{color:#b00}
