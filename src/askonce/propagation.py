@@ -45,11 +45,12 @@ def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None
               None if deadline is None else now + min(deadline, limits.max_deadline),
               minter=new_key)
     if secret is not None:
-        tab.sig = _sign(tab.key, secret)
+        tab.sig = sign(tab.key, secret)
     return tab
 
 
-def _sign(key: str, secret: bytes | str) -> bytes:
+def sign(key: str, secret: bytes | str) -> bytes:
+    """The signature of an edge key (``core.signing.mac``)."""
     from askonce.core.signing import mac  # hmac and hashlib load only when keys are signed
 
     return mac(key, secret)
@@ -87,7 +88,7 @@ class question:
         now = _stats.monotonic()
         key = key or new_key()
         tab = Tab(key, origin, edge, Account(budget), None if deadline is None else now + deadline,
-                  sig=_sign(key, secret) if edge and secret is not None else None)
+                  sig=sign(key, secret) if edge and secret is not None else None)
         self._tab = tab
         self.question = tab.snapshot(())
         self._token: Token[Frame | None] | None = None

@@ -16,12 +16,15 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
+import askonce
 from askonce import BreakerPolicy, RetryPolicy
 from askonce.client import ClientPolicy
 from askonce.core.backoff import NO_WAIT
 from askonce.core.breaker import State
 from askonce.core.ledger import Ledger, LedgerPolicy
+from askonce.core.question import Hop
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, format_question, parse_reply
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.httpx import AsyncAskonceTransport
@@ -130,3 +133,76 @@ def test_a_dependencys_huge_retry_after_reaches_the_public_caller_clamped() -> N
     assert r.status_code == 503
     assert getattr(reply, "dnr", False) and getattr(reply, "pushback", None) == 60.0
     assert r.headers["retry-after"] == "60"
+
+
+# --- the public edge is a trust boundary ------------------------------------------------------------
+
+
+class _Seen:
+    """A target that fails every call and notes what each arrival's question said."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[str, int, float | None, tuple[str, ...], bool]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        q = askonce.current()
+        assert q is not None
+        self.arrivals.append((q.key, q.budget, q.remaining(time.monotonic()),
+                              tuple(map(str, q.path)), q.edge))
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _edge(target_url: str, **trust: Any) -> Any:
+    # Retries as many times as the question allows: what bounds them is the budget it carries.
+    policy = ClientPolicy(layer="edge", retry=RetryPolicy(attempts=50, backoff=NO_WAIT), bucket=None)
+    client = httpx.AsyncClient(transport=AsyncAskonceTransport(policy=policy, store=MemoryStore(time.monotonic)))
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        r = await client.get(target_url + "/x")
+        await send({"type": "http.response.start", "status": r.status_code, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return AskonceASGIMiddleware(app, layer="edge", originator=True, budget=2, deadline=5.0, **trust)
+
+
+FORGED = {"budget": 1000, "edge": True, "path": (Hop("admin", 7),)}
+
+
+@pytest.mark.parametrize(("trust", "arrivals"), [({}, 3), ({"trust": False}, 3), ({"trust": True}, 11)])
+def test_a_client_forging_its_question_gets_at_most_the_edges_own_budget(trust: dict[str, Any],
+                                                                         arrivals: int) -> None:
+    seen = _Seen()
+    target = AskonceASGIMiddleware(seen, layer="target")
+    key = new_key()
+    header = format_question(key, "evil", True, FORGED["budget"], None, FORGED["path"])  # no deadline
+    with uvicorn_running(target) as target_url, uvicorn_running(_edge(target_url, **trust)) as edge:
+        assert httpx.get(edge + "/x", headers={QUESTION_HEADER: header}, timeout=30.0).status_code >= 500
+    assert len(seen.arrivals) == arrivals  # 1 + budget: the edge's 2, or the clamp's 10 if trusted
+    assert {a[0] for a in seen.arrivals} == {key}  # the key is kept: the ledger counts per question
+    first = seen.arrivals[0]
+    if not trust.get("trust"):
+        assert first[1] == 2 and first[2] is not None and first[2] <= 5.0  # the edge's own deadline
+        assert first[3] == ("edge:1",)  # the path restarts at the edge
+
+
+def test_trust_is_a_bool_or_a_callable_and_a_raising_one_means_untrusted() -> None:
+    with pytest.raises(ValueError, match="trust"):
+        AskonceASGIMiddleware(target_app, layer="edge", trust="yes")  # type: ignore[arg-type]
+    seen = _Seen()
+    target = AskonceASGIMiddleware(seen, layer="target")
+
+    def broken(scope: Any) -> bool:
+        raise RuntimeError("auth backend down")
+
+    before = askonce.stats().get("server.trust.error", 0)
+    header = format_question(new_key(), "evil", True, 1000, None)
+    with uvicorn_running(target) as target_url, \
+            uvicorn_running(_edge(target_url, trust=broken)) as edge:
+        httpx.get(edge + "/x", headers={QUESTION_HEADER: header}, timeout=30.0)
+    assert len(seen.arrivals) == 3
+    assert askonce.stats()["server.trust.error"] == before + 1

@@ -62,11 +62,12 @@ class _Serving:
                  budget: int = 2, deadline: float | None = 30.0, ledger: LedgerLike | None = None,
                  principal: Callable[[Any], str] | None = None,
                  operation: Callable[[Any], str] | None = None, shed_deadline: bool = True,
-                 edge_secret: Secret | Sequence[Secret] | None = None) -> None:
+                 edge_secret: Secret | Sequence[Secret] | None = None,
+                 trust: bool | Callable[[Any], bool] | None = None) -> None:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
             ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
-            edge_secret=edge_secret,
+            edge_secret=edge_secret, trust=trust,
         ))  # fmt: skip
 
     def _wrap(self, handler: Any, details: Any,

@@ -38,7 +38,7 @@ from askonce._replies import RECORD as _give_ups  # the context variable of repl
 from askonce._replies import Record, recording
 from askonce.core import is_int, is_real, wire
 from askonce.core.naming import MAX_OPERATION_CHARS
-from askonce.core.question import Frame
+from askonce.core.question import Account, Frame, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
 from askonce.propagation import Serving
@@ -77,6 +77,14 @@ class ServerOptions:
     arrival that says ``e`` without a signature that verifies (``core.signing``) is recorded by
     the ledger as not attributable, re-minted by origin ``"~unsigned"``, and counted as
     ``ledger.edge.unsigned``; an originator layer signs the keys it mints with the first secret.
+    ``trust``: whether a question that arrives is believed as sent. ``None`` (the default): trusted
+    unless this layer is an originator (a public edge); or ``True``, ``False``, or a callable of
+    the request (after your authentication: by network, by a verified signature). An untrusted
+    question keeps its key (so the ledger still counts per question) but is adopted as this
+    layer's own: its budget at most ``budget``, its deadline at most ``deadline`` (and
+    ``deadline`` when it sent none), its path restarted, its edge flag this layer's (counted
+    ``server.untrusted``). A ``trust`` callable that raises means untrusted (counted
+    ``server.trust.error``).
     """
 
     layer: str
@@ -89,6 +97,7 @@ class ServerOptions:
     operation: Callable[[Any], str] | None = None
     shed_deadline: bool = True
     edge_secret: Secret | Sequence[Secret] | None = None
+    trust: bool | Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not wire.valid_name(self.layer):
@@ -108,6 +117,9 @@ class ServerOptions:
         if self.ledger is not None and not callable(getattr(self.ledger, "record", None)):
             raise ValueError("ledger must have a record(now, operation, *, key, ...) method "
                              "(askonce Ledger)")
+        if self.trust is not None and not isinstance(self.trust, bool) and not callable(self.trust):
+            raise ValueError(f"trust must be True, False, None or a callable taking the request, "
+                             f"got {self.trust!r}")
         for name in ("principal", "operation"):
             value = getattr(self, name)
             if value is not None and not callable(value):
@@ -293,6 +305,8 @@ class Server:
             if q is not None:
                 frame = (propagation.tab_from(q), q.path)
         minted = frame is None
+        if frame is not None and not self._trusted(request):
+            frame = self._adopt(frame[0], now)
         if frame is not None:
             tab = frame[0]
         else:
@@ -316,6 +330,35 @@ class Server:
             self.close(arrival)
             raise
         return arrival
+
+    def _trusted(self, request: Any) -> bool:
+        trust = self.options.trust
+        if trust is None:
+            return not self.options.originator
+        if trust is True or trust is False:
+            return trust
+        try:
+            return trust(request) is True
+        except Exception:
+            _stats.count("server.trust.error")
+            return False
+
+    def _adopt(self, arrived: Tab, now: float) -> Frame:
+        """An untrusted question as this layer's own: the key kept, the rest this layer's."""
+        o = self.options
+        _stats.count("server.untrusted")
+        deadline = None if o.deadline is None else now + min(o.deadline, o.limits.max_deadline)
+        if arrived.deadline is not None:
+            deadline = arrived.deadline if deadline is None else min(deadline, arrived.deadline)
+        key = arrived.key
+        sig = None
+        if o.originator and self._mint_secret is not None:
+            sig = propagation.sign(key, self._mint_secret)
+        tab = Tab(key, o.layer if o.originator else arrived.origin,
+                  o.originator or (arrived.edge and arrived.sig is not None),
+                  Account(min(arrived.account.left, o.budget)), deadline,
+                  sig=sig if o.originator else arrived.sig)
+        return (tab, ())
 
     def close(self, arrival: Arrival) -> None:
         """Unbind what :meth:`open` bound (in the same context)."""

@@ -83,7 +83,8 @@ class AskonceASGIMiddleware:
     cancel handlers at it. ``cancel_on_disconnect``: cancel the handler when the client goes away.
     ``edge_secret``: the originators' secret (or several, newest first): with a ledger, an edge key
     whose signature does not verify is recorded as not attributable (origin ``"~unsigned"``); an
-    originator signs what it mints.
+    originator signs what it mints. ``trust``: whether an arriving question is believed as sent
+    (default: yes, unless ``originator``; see ``ServerOptions``).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class AskonceASGIMiddleware:
         shed_deadline: bool = True,
         cancel_on_disconnect: bool = True,
         edge_secret: Secret | Sequence[Secret] | None = None,
+        trust: bool | Callable[[Any], bool] | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be an ASGI application, got {app!r}")
@@ -111,7 +113,7 @@ class AskonceASGIMiddleware:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
             ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
-            edge_secret=edge_secret,
+            edge_secret=edge_secret, trust=trust,
         ))  # fmt: skip
         self.cancel_on_disconnect = cancel_on_disconnect
         self._timed = shed_deadline or cancel_on_disconnect

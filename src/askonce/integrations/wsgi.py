@@ -71,6 +71,7 @@ class AskonceWSGIMiddleware:
         operation: Callable[[Environ], str] | None = None,
         shed_deadline: bool = True,
         edge_secret: Secret | Sequence[Secret] | None = None,
+        trust: bool | Callable[[Any], bool] | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be a WSGI application, got {app!r}")
@@ -78,7 +79,7 @@ class AskonceWSGIMiddleware:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
             ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
-            edge_secret=edge_secret,
+            edge_secret=edge_secret, trust=trust,
         ))  # fmt: skip
         self._flask = _flask_of(app)
         if self._flask is not None:
