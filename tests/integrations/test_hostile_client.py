@@ -206,3 +206,13 @@ def test_trust_is_a_bool_or_a_callable_and_a_raising_one_means_untrusted() -> No
         httpx.get(edge + "/x", headers={QUESTION_HEADER: header}, timeout=30.0)
     assert len(seen.arrivals) == 3
     assert askonce.stats()["server.trust.error"] == before + 1
+
+
+def test_a_cap_at_a_public_edge_needs_a_principal() -> None:
+    capped = Ledger(LedgerPolicy(cap=3))
+    with pytest.raises(ValueError, match="principal"):
+        AskonceASGIMiddleware(target_app, layer="edge", originator=True, ledger=capped)
+    AskonceASGIMiddleware(target_app, layer="edge", originator=True, ledger=capped,
+                          principal=lambda scope: "tenant")
+    AskonceASGIMiddleware(target_app, layer="edge", originator=True, ledger=capped, trust=True)
+    AskonceASGIMiddleware(target_app, layer="inner", ledger=capped)  # trusted callers: as before

@@ -120,6 +120,13 @@ class ServerOptions:
         if self.trust is not None and not isinstance(self.trust, bool) and not callable(self.trust):
             raise ValueError(f"trust must be True, False, None or a callable taking the request, "
                              f"got {self.trust!r}")
+        untrusted_edge = self.originator and self.trust is not True
+        cap = getattr(getattr(self.ledger, "policy", None), "cap", None)
+        if untrusted_edge and cap is not None and self.principal is None:
+            # Keys come from the callers here: one who learns another's key could get that
+            # question refused, unless per-key state is scoped by who asks.
+            raise ValueError("a ledger cap at a public edge (originator, not trusted) needs a "
+                             "principal callable: per-key counts must be scoped by who asks")
         for name in ("principal", "operation"):
             value = getattr(self, name)
             if value is not None and not callable(value):
