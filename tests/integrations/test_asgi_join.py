@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -120,3 +121,79 @@ def test_distinct_keys_in_a_flood_stay_bounded() -> None:
             assert c.get("/x", headers=_header(new_key())).status_code == 200
         joins = app.app.joins
     assert len(joins) <= 50 and sum(handler.runs.values()) == 300
+
+
+# --- in process: what a server cannot easily be made to do ------------------------------------------
+
+
+def _call(app: Any, key: str, path: str, messages: list[dict[str, Any]], method: str = "POST"
+          ) -> tuple[int | None, bytes]:
+    async def go() -> tuple[int | None, bytes]:
+        scope = {"type": "http", "method": method, "path": path, "query_string": b"",
+                 "headers": [(QUESTION_HEADER.encode(), format_question(key, "edge", True, 2, 10.0).encode())]}
+        pending = list(messages)
+        out: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop(0)
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            out.append(message)
+
+        await app(scope, receive, send)
+        status = next((m["status"] for m in out if m["type"] == "http.response.start"), None)
+        return status, b"".join(m.get("body", b"") for m in out if m["type"] == "http.response.body")
+
+    return asyncio.run(go())
+
+
+class _Echo:
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        self.runs += 1
+        if scope["path"] == "/slow":
+            await asyncio.sleep(0.3)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"got " + body})
+
+
+def test_a_body_cut_short_by_a_disconnect_is_not_joined_so_the_retry_runs() -> None:
+    echo = _Echo()
+    app = AskonceASGIMiddleware(JoinASGIMiddleware(echo), layer="callee")
+    key = new_key()
+    _call(app, key, "/orders", [{"type": "http.request", "body": b"hal", "more_body": True},
+                                {"type": "http.disconnect"}])
+    status, body = _call(app, key, "/orders", [{"type": "http.request", "body": b"half+rest"}])
+    assert (status, body) == (200, b"got half+rest") and echo.runs == 2
+
+
+def test_a_waiter_on_another_event_loop_runs_unjoined_instead_of_hanging() -> None:
+    echo = _Echo()
+    app = AskonceASGIMiddleware(JoinASGIMiddleware(echo), layer="callee")
+    key = new_key()
+    results: list[tuple[int | None, bytes]] = []
+    first = threading.Thread(target=lambda: results.append(
+        _call(app, key, "/slow", [{"type": "http.request", "body": b"x"}])))
+    first.start()
+    time.sleep(0.1)  # the first run is in flight on the first thread's loop
+    second = threading.Thread(target=lambda: results.append(
+        _call(app, key, "/slow", [{"type": "http.request", "body": b"x"}])))
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert [r[0] for r in results] == [200, 200]
+    assert echo.runs in (1, 2)  # 2 when they overlapped (the usual case); 1 if the first was done

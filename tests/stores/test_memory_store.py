@@ -415,3 +415,27 @@ def test_when_every_entry_is_engaged_the_oldest_goes_and_is_counted_apart() -> N
     assert [b.state(0.0) for b in handles] == [State.OPEN] * 4
     assert store.breaker("t0", OPENS_FAST) is not handles[0]  # the oldest engaged one went
     assert delta(before) == {"store.memory.evicted-engaged": 2}  # t0 for t3, then t1 for t0 again
+
+
+def test_eviction_runs_no_listener_under_the_stores_lock() -> None:
+    # An open breaker whose open period has passed is moved to half-open when read; if eviction
+    # did that under the store's lock, a listener touching the store would wait on it for ever.
+    now = [0.0]
+    store = MemoryStore(lambda: now[0], max_targets=2)
+    policy = BreakerPolicy(minimum_calls=1, window_size=1, open_for=1.0)
+    seen: list[Transition] = []
+
+    def listener(target: str, transition: Transition) -> None:
+        seen.append(transition)
+        store.bucket(f"from-listener-{len(seen)}", BucketPolicy()).tokens(now[0])
+
+    b = store.breaker("a", policy)
+    b.add_listener(listener)
+    b.record(0.0, success=False)
+    assert b.state(0.0) is State.OPEN and len(seen) == 1
+    now[0] = 5.0
+    flood = threading.Thread(target=lambda: (store.breaker("b", policy), store.breaker("c", policy)),
+                             daemon=True)
+    flood.start()
+    flood.join(10)
+    assert not flood.is_alive()

@@ -292,13 +292,12 @@ class Breaker:
         self._transitions.clear()
         return drained
 
-    def at_rest(self, now: float) -> bool:
+    def at_rest(self) -> bool:
         """Closed with no failure or slow call in its window: forgetting it loses nothing (a new
-        breaker would be the same). A store evicts such breakers before engaged ones."""
-        if self.state_at(now) is not _CLOSED:
-            return False
+        breaker would be the same). A store evicts such breakers before engaged ones. Read-only:
+        it moves no state and queues no transition (a store asks it under its own lock)."""
         window = self._window
-        return window.failures == 0 and window.slow == 0
+        return self._state is _CLOSED and window.failures == 0 and window.slow == 0
 
     def snapshot(self) -> dict[str, object]:
         """Counters as of the latest ``now`` seen (a time window is not rolled here)."""

@@ -15,7 +15,8 @@ handler again. :class:`Joins` decides each arrival, sans-IO (time is an input):
 
 Only answers that are not server errors are kept for replay: a retry of a failed question must
 really be tried again, while those who joined the failed run get its failure (they asked for that
-run's answer). An answer larger than ``max_body`` is handed to the waiters but not kept. Bounded:
+run's answer). An answer larger than ``max_body`` is not kept (a shell that could not buffer it
+abandons the run instead, and its waiters arrive again). Bounded:
 at most ``max_entries`` questions, finished ones evicted first (oldest first), and a question in
 flight is never evicted, so a flood of distinct keys costs ``BYPASS``, never a lost answer.
 """

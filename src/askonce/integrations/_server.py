@@ -82,9 +82,10 @@ class ServerOptions:
     the request (after your authentication: by network, by a verified signature). An untrusted
     question keeps its key (so the ledger still counts per question) but is adopted as this
     layer's own: its budget at most ``budget``, its deadline at most ``deadline`` (and
-    ``deadline`` when it sent none), its path restarted, its edge flag this layer's (counted
-    ``server.untrusted``). A ``trust`` callable that raises means untrusted (counted
-    ``server.trust.error``).
+    ``deadline`` when it sent none), its path restarted (counted ``server.untrusted``); at an
+    originator its edge flag and signature are this layer's, elsewhere the edge flag is kept
+    only with a signature (which a ledger with ``edge_secret`` verifies). A ``trust`` callable
+    that raises means untrusted (counted ``server.trust.error``).
     """
 
     layer: str
@@ -120,12 +121,13 @@ class ServerOptions:
         if self.trust is not None and not isinstance(self.trust, bool) and not callable(self.trust):
             raise ValueError(f"trust must be True, False, None or a callable taking the request, "
                              f"got {self.trust!r}")
-        untrusted_edge = self.originator and self.trust is not True
+        distrusts = self.trust is False or callable(self.trust) or (
+            self.trust is None and self.originator)
         cap = getattr(getattr(self.ledger, "policy", None), "cap", None)
-        if untrusted_edge and cap is not None and self.principal is None:
+        if distrusts and cap is not None and self.principal is None:
             # Keys come from the callers here: one who learns another's key could get that
             # question refused, unless per-key state is scoped by who asks.
-            raise ValueError("a ledger cap at a public edge (originator, not trusted) needs a "
+            raise ValueError("a ledger cap at a layer that does not trust every caller needs a "
                              "principal callable: per-key counts must be scoped by who asks")
         for name in ("principal", "operation"):
             value = getattr(self, name)

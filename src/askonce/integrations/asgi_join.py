@@ -17,6 +17,12 @@ or ``replay``. Counted in ``askonce.stats()``: ``server.join.<run|wait|replay|co
 ``principal``: a callable of the ASGI scope naming who asks (after your authentication); a
 question's answer is never replayed to another principal. Without it every caller is one
 principal: give one on a public edge.
+
+What it cannot tell apart: two calls of one operation made on purpose inside one question (a poll
+loop) look like a retry of the first, and are joined or replayed. Bind a child question per call
+(``askonce.fanout(label)``) to make them distinct. An answer larger than ``max_body`` is not kept
+(the body is not buffered past it), so its waiters run the handler themselves, one at a time. The
+table serves one event loop: a waiter on another loop runs unjoined (``server.join.other-loop``).
 """
 
 from __future__ import annotations
@@ -73,11 +79,14 @@ class JoinASGIMiddleware:
             with self._lock:
                 verdict, entry = self.joins.arrive(key, digest, loop.time())
                 if verdict is Verdict.RUN and entry is not None:
-                    entry.signal = asyncio.Event()
+                    entry.signal = (loop, asyncio.Event())
             _stats.count(f"server.join.{verdict.value}")
             if verdict is Verdict.RUN and entry is not None:
                 await self._run(key, entry, scope, receive, send)
                 return
+            if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:
+                _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
+                break
             if verdict is Verdict.WAIT and entry is not None:
                 answer = await _wait(entry, deadline)
                 if answer is None:
@@ -106,9 +115,9 @@ class JoinASGIMiddleware:
                     self.joins.abandon(key, entry)
                 else:
                     self.joins.finish(key, entry, answer, asyncio.get_running_loop().time())
-            event = entry.signal
-            if isinstance(event, asyncio.Event):
-                event.set()
+            signal = entry.signal
+            if isinstance(signal, tuple):
+                signal[1].set()  # this loop's: the run and its waiters share it
 
 
 class _Capture:
@@ -156,20 +165,20 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, Receiv
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            chunks_msgs = [message]
-            break
+            # The caller went away before the whole body came: not a request to answer for
+            # anyone else. The app gets what came, still unfinished, then the disconnect.
+            return None, _replaying([{"type": "http.request", "body": b"".join(chunks),
+                                      "more_body": True}, message], receive)
         chunk = bytes(message.get("body", b""))
         chunks.append(chunk)
         size += len(chunk)
         if not message.get("more_body", False):
-            chunks_msgs = []
             break
         if size > limit:
             return None, _replaying([{"type": "http.request", "body": b"".join(chunks),
                                       "more_body": True}], receive)
     body = b"".join(chunks)
-    first = [{"type": "http.request", "body": body, "more_body": False}, *chunks_msgs]
-    return body, _replaying(first, receive)
+    return body, _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
 
 
 def _replaying(buffered: list[Message], receive: Receive) -> Receive:
@@ -181,10 +190,16 @@ def _replaying(buffered: list[Message], receive: Receive) -> Receive:
     return replay
 
 
+def _loop_of(entry: Entry) -> object:
+    signal = entry.signal
+    return signal[0] if isinstance(signal, tuple) else None
+
+
 async def _wait(entry: Entry, deadline: float | None) -> Answer | None:
-    event = entry.signal
-    if not isinstance(event, asyncio.Event):
+    signal = entry.signal
+    if not isinstance(signal, tuple):
         return None
+    event: asyncio.Event = signal[1]
     left = _MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
     try:
         await asyncio.wait_for(event.wait(), min(left, _MAX_WAIT))

@@ -225,13 +225,10 @@ class BreakerHandle:
         return snap
 
     def at_rest(self, now: float) -> bool:
+        """For the store's eviction, under the store's lock: read-only, so that no listener runs
+        there (deferred successes need no folding: they cannot make a breaker engaged)."""
         with self._lock:
-            self._fold()
-            rest = self._breaker.at_rest(now)
-            moved = self._settle()
-        if moved:
-            notify(self._listeners, self.target, moved)
-        return rest
+            return self._breaker.at_rest()
 
 
 class AdmissionHandle:
