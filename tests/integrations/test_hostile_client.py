@@ -216,3 +216,17 @@ def test_a_cap_at_a_public_edge_needs_a_principal() -> None:
                           principal=lambda scope: "tenant")
     AskonceASGIMiddleware(target_app, layer="edge", originator=True, ledger=capped, trust=True)
     AskonceASGIMiddleware(target_app, layer="inner", ledger=capped)  # trusted callers: as before
+
+
+def test_an_adopted_key_is_signed_by_the_edge_so_the_target_can_attribute_it() -> None:
+    secret = b"the originators' shared secret, 32 bytes"
+    seen = _Seen()
+    ledger = Ledger(LedgerPolicy())
+    target = AskonceASGIMiddleware(seen, layer="target", ledger=ledger, edge_secret=secret)
+    header = format_question(new_key(), "evil", True, 1000, None)  # claims to be an edge key, unsigned
+    with uvicorn_running(target) as target_url, \
+            uvicorn_running(_edge(target_url, edge_secret=secret)) as edge:
+        httpx.get(edge + "/x", headers={QUESTION_HEADER: header}, timeout=30.0)
+    totals = ledger.report(time.time()).totals()
+    assert len(seen.arrivals) == 3 and all(a[4] for a in seen.arrivals)  # edge keys, at the target...
+    assert totals.arrivals == totals.attributable == 3  # ...that verify: the edge signed what it adopted
