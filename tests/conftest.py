@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from http_target import Target
 from redis_server import REDIS_SERVER, RedisServer, redis_server
 
 
@@ -31,3 +32,21 @@ def own_redis() -> Iterator[RedisServer]:
     _need_redis()
     with redis_server() as server:
         yield server
+
+
+# --- the HTTP target of the client and integration tests (http_target.Target) ---------------------
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[Target]:
+    """One ``Target`` per test module."""
+    t = Target()
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def target(http_server: Target) -> Target:
+    """The module's ``Target``, its counts reset for this test."""
+    http_server.reset()
+    return http_server

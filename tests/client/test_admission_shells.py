@@ -39,7 +39,7 @@ def frozen() -> float:
     return 100.0
 
 
-# --- targets (``target``, the shared one, comes from conftest.py) -----------------------------------
+# --- targets (``target``, the shared one, comes from tests/conftest.py) ---------------------------
 
 
 class Alternating:

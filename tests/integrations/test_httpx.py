@@ -23,19 +23,6 @@ from http_target import Target, policy, refused_url
 MODES = ["sync", "async"]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def target(server: Target) -> Target:
-    server.reset()
-    return server
-
-
 def send(mode: str, p: ClientPolicy, method: str, url: str, *, sleep: Any = None, timeout: float = 5.0,
          limits: httpx.Limits | None = None, **kw: Any) -> httpx.Response:
     """One request through a fresh client with the askonce transport (its own event loop when async)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,19 +17,6 @@ from askonce.core.question import Hop
 from askonce.core.wire import parse_dictionary
 from askonce.integrations.requests import AskonceAdapter, default_target, session
 from http_target import Target, policy, refused_url
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Target]:
-    t = Target()
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def target(server: Target) -> Target:
-    server.reset()
-    return server
 
 
 def send(p: ClientPolicy, method: str, url: str, *, sleep: Any = None, timeout: Any = 5.0,
