@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import Token
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from askonce import _stats
 from askonce._context import FRAME
@@ -173,6 +173,26 @@ def header_value(headers: Any, name: str) -> str | bytes | Duplicate | None:
     return value  # type: ignore[no-any-return]
 
 
+_T = TypeVar("_T")
+
+
+def _read(headers: Any, name: str, what: str,
+          parse: Callable[[str | bytes], _T | Malformed]) -> _T | None:
+    """The parsed value of header ``name``; ``None`` if absent, sent twice or malformed (the last
+    two counted as ``malformed.<what>.<why>``)."""
+    raw = header_value(headers, name)
+    if raw is None:
+        return None
+    if isinstance(raw, Duplicate):
+        count(f"malformed.{what}.duplicate-header")
+        return None
+    parsed = parse(raw)
+    if isinstance(parsed, Malformed):
+        count(f"malformed.{what}.{parsed.reason}")
+        return None
+    return parsed
+
+
 def extract(
     headers: Mapping[str, str] | Any, *, limits: Limits = Limits(), now: float | None = None
 ) -> Question | None:
@@ -181,32 +201,13 @@ def extract(
     A malformed header is treated as absent and counted in ``askonce.stats()`` as
     ``malformed.question.<why>``; nothing raises.
     """
-    raw = header_value(headers, QUESTION_HEADER)
-    if raw is None:
-        return None
-    if isinstance(raw, Duplicate):
-        count("malformed.question.duplicate-header")
-        return None
-    parsed = wire.parse_question(raw, _stats.monotonic() if now is None else now, limits)
-    if isinstance(parsed, Malformed):
-        count(f"malformed.question.{parsed.reason}")
-        return None
-    return parsed
+    return _read(headers, QUESTION_HEADER, "question", lambda raw: wire.parse_question(
+        raw, _stats.monotonic() if now is None else now, limits))
 
 
 def extract_reply(headers: Mapping[str, str] | Any) -> Reply | None:
     """The reply in response ``headers``, or ``None`` if absent or malformed (counted)."""
-    raw = header_value(headers, REPLY_HEADER)
-    if raw is None:
-        return None
-    if isinstance(raw, Duplicate):
-        count("malformed.reply.duplicate-header")
-        return None
-    parsed = wire.parse_reply(raw)
-    if isinstance(parsed, Malformed):
-        count(f"malformed.reply.{parsed.reason}")
-        return None
-    return parsed
+    return _read(headers, REPLY_HEADER, "reply", wire.parse_reply)
 
 
 def question_header(frame: Frame, now: float, timeout: float | None = None,

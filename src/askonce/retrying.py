@@ -135,7 +135,6 @@ class retry:  # spelled like a function: it is used as a decorator
         self._matches = _predicate(on)
         self._bucket_policy = bucket
         self._breaker_policy = breaker
-        self._breaker_handle: BreakerHandle | None = None
         if admission is not None:
             from askonce.core.admission import AdmissionPolicy
 
@@ -143,7 +142,7 @@ class retry:  # spelled like a function: it is used as a decorator
                 raise ValueError(f"admission must be an askonce.core.admission.AdmissionPolicy "
                                  f"(or None), got {admission!r}")
         self._admission_policy = admission
-        self._admission_handle: AdmissionHandle | None = None
+        self._guarded: tuple[BreakerHandle | None, AdmissionHandle | None] | None = None
         self._target = target
         self._store = store
         self._clock = clock or _stats.monotonic
@@ -162,25 +161,16 @@ class retry:  # spelled like a function: it is used as a decorator
             handle = self._handle = store.bucket(self._target or layer, self._bucket_policy)
         return handle
 
-    def _breaker(self, layer: str) -> BreakerHandle | None:
-        if self._breaker_policy is None:
-            return None
-        handle = self._breaker_handle
-        if handle is None:
-            store = self._store or default_store()
-            handle = self._breaker_handle = store.breaker(self._target or layer,
-                                                          self._breaker_policy)
-        return handle
-
-    def _admission(self, layer: str) -> AdmissionHandle | None:
-        if self._admission_policy is None:
-            return None
-        handle = self._admission_handle
-        if handle is None:
-            store = self._store or default_store()
-            handle = self._admission_handle = store.admission(self._target or layer,
-                                                              self._admission_policy)
-        return handle
+    def _guards(self, layer: str) -> tuple[BreakerHandle | None, AdmissionHandle | None]:
+        """The target's breaker and admission handles, made on first use (``None``: not set)."""
+        guards = self._guarded
+        if guards is None:
+            store, target = self._store or default_store(), self._target or layer
+            breaker, admission = self._breaker_policy, self._admission_policy
+            guards = self._guarded = (
+                None if breaker is None else store.breaker(target, breaker),
+                None if admission is None else store.admission(target, admission))
+        return guards
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
         frame = FRAME.get()
@@ -221,7 +211,7 @@ class retry:  # spelled like a function: it is used as a decorator
     def _pass(self, layer: str, frame: Frame, bucket: BucketHandle | None, first: Tried | None,
               sleep: Callable[[float], object]) -> Pass:
         """The loop from the first attempt (or after ``first``, made by the fast path)."""
-        breaker, admission = self._breaker(layer), self._admission(layer)
+        breaker, admission = self._guards(layer)
         judge_health: Callable[[BaseException], bool] | None = None
         if breaker is not None or admission is not None:  # both learn from the verdicts
             judge_health = is_failure

@@ -180,7 +180,7 @@ def test_without_admission_no_handle_is_made(mode: str, target: Target) -> None:
 
 
 def test_admission_must_be_a_policy_and_the_store_must_have_it() -> None:
-    with pytest.raises(ValueError, match="admission must be a AdmissionPolicy"):
+    with pytest.raises(ValueError, match=r"admission must be AdmissionPolicy\(...\) or None"):
         ClientPolicy(admission=0.05)  # type: ignore[arg-type]
 
     class Buckets:

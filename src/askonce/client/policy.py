@@ -79,7 +79,7 @@ class ClientPolicy:
                             ("breaker", (BreakerPolicy, type(None))),
                             ("admission", (AdmissionPolicy, type(None)))):
             if not isinstance(getattr(self, name), kinds):
-                raise ValueError(f"{name} must be a {name.capitalize()}Policy (or None), "
+                raise ValueError(f"{name} must be {name.capitalize()}Policy(...) or None, "
                                  f"got {getattr(self, name)!r}")
         # "no" is truthy: a str would retry every POST.
         for name in ("retry_non_idempotent", "originator"):
