@@ -38,12 +38,13 @@ def tab_from(q: Question, now: float | None = None) -> Tab:
 
 
 def minted_tab(layer: str, originator: bool, budget: int, deadline: float | None, limits: Limits,
-               now: float, secret: bytes | str | None = None) -> Tab:
+               now: float, secret: bytes | str | None = None, key: str | None = None) -> Tab:
     """The question a server layer mints when none (or a bad one) arrived: clamped by ``limits``,
-    its key minted lazily; signed with ``secret`` if one is given (an originator's edge key)."""
-    tab = Tab(None, layer, originator, Account(min(budget, limits.max_budget)),
+    its key minted lazily (or ``key``, one it adopts); signed with ``secret`` if one is given (an
+    originator's edge key)."""
+    tab = Tab(key, layer, originator, Account(min(budget, limits.max_budget)),
               None if deadline is None else now + min(deadline, limits.max_deadline),
-              minter=new_key)
+              minter=None if key is not None else new_key)
     if secret is not None:
         tab.sig = sign(tab.key, secret)
     return tab

@@ -38,7 +38,7 @@ from askonce._replies import RECORD as _give_ups  # the context variable of repl
 from askonce._replies import Record, recording
 from askonce.core import is_int, is_real, wire
 from askonce.core.naming import MAX_OPERATION_CHARS
-from askonce.core.question import Account, Frame, Tab
+from askonce.core.question import Frame, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
 from askonce.errors import reply_of
 from askonce.propagation import Serving
@@ -356,17 +356,18 @@ class Server:
         """An untrusted question as this layer's own: the key kept, the rest this layer's."""
         o = self.options
         _stats.count("server.untrusted")
-        deadline = None if o.deadline is None else now + min(o.deadline, o.limits.max_deadline)
+        if o.originator:  # minted here as if nothing had arrived, with the caller's key
+            tab = propagation.minted_tab(o.layer, True, min(arrived.account.left, o.budget),
+                                         o.deadline, o.limits, now, self._mint_secret,
+                                         key=arrived.key)
+        else:  # the edge flag only with a signature (a ledger with edge_secret verifies it)
+            tab = propagation.minted_tab(arrived.origin, arrived.edge and arrived.sig is not None,
+                                         min(arrived.account.left, o.budget), o.deadline,
+                                         o.limits, now, key=arrived.key)
+            tab.sig = arrived.sig
         if arrived.deadline is not None:
-            deadline = arrived.deadline if deadline is None else min(deadline, arrived.deadline)
-        key = arrived.key
-        sig = None
-        if o.originator and self._mint_secret is not None:
-            sig = propagation.sign(key, self._mint_secret)
-        tab = Tab(key, o.layer if o.originator else arrived.origin,
-                  o.originator or (arrived.edge and arrived.sig is not None),
-                  Account(min(arrived.account.left, o.budget)), deadline,
-                  sig=sig if o.originator else arrived.sig)
+            tab.deadline = (arrived.deadline if tab.deadline is None
+                            else min(tab.deadline, arrived.deadline))
         return (tab, ())
 
     def close(self, arrival: Arrival) -> None:

@@ -111,7 +111,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="breakers: a window of the last calls, or of the last seconds")
     k.add_argument("--askonce-breaker", action="store_true",
                    help="askonce: the breaker on the layer nearest the target too "
-                        "(the design before issue 13: with --no-admission)")
+                        "(the breaker design, with --no-admission)")
     k.add_argument("--no-admission", action="store_true",
                    help="askonce: no adaptive admission on the layer nearest the target")
     k.add_argument("--admission-min-success", type=float,

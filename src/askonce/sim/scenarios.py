@@ -50,7 +50,7 @@ class Knobs:
     baseline_bucket: BucketPolicy = BASELINE_BUCKET
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     # askonce: adaptive admission on the layer nearest the target (None: off), and whether that
-    # layer also has ``breaker`` (the design before issue 13: no admission, the breaker)
+    # layer also has ``breaker`` (the breaker design: with admission=None)
     admission: AdmissionPolicy | None = field(default_factory=AdmissionPolicy)
     askonce_breaker: bool = False
     backoff: Backoff = Backoff()
