@@ -7,8 +7,8 @@ installed) or JSON.
     askonce report --url http://host:8000/askonce/report.json # what a ReportApp serves
     askonce audit access.log.gz --format nginx               # the same figures from an access log
 
-``cli.py`` registers these with :func:`add_report_parser` and :func:`add_audit_parser`;
-:func:`main` runs them alone (``python -m askonce.ledger.cli ...``). Exit status: 0, 1 when the
+``askonce.cli`` registers these with :func:`add_report_parser` and :func:`add_audit_parser`
+(``python -m askonce report ...`` runs them too). Exit status: 0, 1 when the
 figures cannot be had (Redis away, no ledger under the prefix, an unreadable file), 2 for usage
 errors.
 """
