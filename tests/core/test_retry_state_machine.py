@@ -224,3 +224,81 @@ NAMED: list[Any] = [
 def test_a_misconfiguration_is_a_value_error_naming_the_value(make: Any) -> None:
     with pytest.raises(ValueError, match=r"got|not a single"):
         make()
+
+
+# --- a timed-out try to a callee that joins: the retry re-attaches to the work in flight ----------
+
+JOINABLE = Failure(delivery=LOST, joinable=True)
+
+
+def test_a_lost_try_to_a_callee_that_joins_keeps_what_it_forwarded_and_rejoins() -> None:
+    state = make(budget=3, backoff=Backoff(base=1.0, cap=10.0))
+    assert state.forward() == 3 and state.tab.account.left == 0
+    assert state.on_failure(JOINABLE, now=0.0, u=0.5) == Wait(0.5)  # no budget left, still a retry
+    assert state.rejoin and state.held == 2  # the re-attach's arrival is paid out of what is held
+    assert state.resume(0.5) == Attempt(2, Hop("svc", 2))
+    assert state.forward() == 2  # forwarded again with the re-attach, not held twice
+    state.on_success(Reply(2))  # the run spent nothing of its own
+    assert state.tab.account.left == 2 and not state.rejoin
+
+
+def test_a_rejoined_answer_returns_no_more_than_is_held() -> None:
+    state = make(budget=3)
+    state.forward()
+    state.on_failure(JOINABLE, now=0.0, u=0.0)
+    state.on_success(Reply(3))  # a callee claiming more than it was sent
+    assert state.tab.account.left == 2
+
+
+@pytest.mark.parametrize("failure", [Failure(delivery=REFUSED), Failure(delivery=LOST)])
+def test_a_refused_or_lost_reattach_forfeits_what_is_held(failure: Failure) -> None:
+    state = make(budget=3, attempts=5)
+    state.forward()
+    state.on_failure(JOINABLE, now=0.0, u=0.0)
+    state.resume(0.0)
+    action = state.on_failure(failure, now=0.0, u=0.0)  # the first try's work may have spent it
+    assert isinstance(action, GiveUp) and action.kind == "exhausted"
+    assert state.tab.account.left == 0 and state.held == 0
+
+
+def test_a_failed_answer_to_a_reattach_settles_and_retries_as_usual() -> None:
+    state = make(budget=3, attempts=5)
+    state.forward()
+    state.on_failure(JOINABLE, now=0.0, u=0.0)
+    state.resume(0.0)
+    state.forward()
+    action = state.on_failure(Failure(reply=Reply(2), delivery=ANSWERED), now=0.0, u=0.0)
+    assert action == Wait(0.0) and not state.rejoin
+    assert state.tab.account.left == 1  # 2 came back, one spent on this retry
+
+
+@pytest.mark.parametrize(("budget", "attempts", "deadline", "now", "kind"), [
+    (0, 3, None, 0.0, "exhausted"),  # nothing held: the re-attach could not be paid
+    (3, 1, None, 0.0, "attempts"),
+    (3, 3, 1.0, 1.0, "deadline"),
+])
+def test_a_reattach_that_cannot_be_made_forfeits_what_is_held(
+        budget: int, attempts: int, deadline: float | None, now: float, kind: str) -> None:
+    state = make(budget=budget, attempts=attempts, deadline=deadline)
+    state.forward()
+    action = state.on_failure(JOINABLE, now=now, u=0.0)
+    assert isinstance(action, GiveUp) and action.kind == kind
+    assert state.tab.account.left == 0 and state.held == 0 and not state.rejoin
+
+
+def test_an_unsafe_call_rejoins_a_callee_that_joins_but_is_not_retried_otherwise() -> None:
+    state = make(budget=3, idempotent=False)
+    state.forward()
+    assert state.on_failure(JOINABLE, now=0.0, u=0.0) == Wait(0.0)
+    other = make(budget=3, idempotent=False)
+    other.forward()
+    action = other.on_failure(Failure(delivery=LOST), now=0.0, u=0.0)
+    assert isinstance(action, GiveUp) and action.kind == "not-idempotent"
+
+
+def test_a_callee_that_joins_is_given_the_question_s_time_not_the_attempt_s() -> None:
+    from askonce.core.retry import attempt_window
+
+    assert attempt_window(1.0, 0.0, 10.0, 2.0, joins=True) == (8.0, None)
+    assert attempt_window(1.0, 0.0, None, 2.0, joins=True) == (None, None)
+    assert attempt_window(1.0, 0.0, 10.0, 2.0) == (1.0, None)

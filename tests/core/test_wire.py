@@ -109,7 +109,7 @@ def test_bytes_input_is_accepted_and_bad_bytes_rejected() -> None:
 
 @pytest.mark.parametrize("reply", [
     Reply(0), Reply(3, True, "exhausted"), Reply(0, True, "overloaded", 0.5), Reply(1, False, None, 2.0),
-    Reply(0, True, "breaker-open"),
+    Reply(0, True, "breaker-open"), Reply(2, joins=True), Reply(0, True, "deadline", 1.0, True),
 ])
 def test_reply_round_trip(reply: Reply) -> None:
     assert parse_reply(format_reply(reply)) == reply
@@ -118,6 +118,7 @@ def test_reply_round_trip(reply: Reply) -> None:
 @pytest.mark.parametrize(("text", "reason"), [
     ("v=1", "budget"), ("v=1, b=-1", "budget"), ("v=3, b=1", "version"), ("v=1, b=1, dnr=2", "dnr"),
     ('v=1, b=1, r="cap"', "reason"), ("v=1, b=1, pb=-1", "pushback"), ("v=1, b=1, dnr, dnr", "duplicate"),
+    ("v=1, b=1, j=1", "joins"),
 ])
 def test_malformed_replies(text: str, reason: str) -> None:
     assert parse_reply(text) == Malformed(reason)

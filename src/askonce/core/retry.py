@@ -94,6 +94,7 @@ class Failure:
     reply: Reply | None = None
     delivery: str = LOCAL
     retry_after: float | None = None
+    joinable: bool = False  # LOST to a callee that joins: the work may still be in flight there
 
     def __post_init__(self) -> None:
         if self.delivery not in DELIVERIES:
@@ -128,7 +129,7 @@ Sent = tuple[float, float | None]
 
 
 def attempt_window(limit: float | None, grace: float, deadline: float | None,
-                   now: float) -> tuple[float | None, Sent | None]:
+                   now: float, joins: bool = False) -> tuple[float | None, Sent | None]:
     """The seconds an attempt sent at ``now`` gives its callee, and what :func:`own_deadline` needs.
 
     ``limit``: how long the caller waits; ``deadline``: the question's. The callee gets ``grace``
@@ -139,8 +140,12 @@ def attempt_window(limit: float | None, grace: float, deadline: float | None,
     fit anyway; what the answer still brings back is the budget it reports, for the callers above,
     so the callee loses only ``QUESTION_MARGIN`` of the question's time at each hop instead of the
     whole grace. Without a grace (or a limit) the callee gets the limit and nothing is noted: its
-    answer at that deadline stays a do-not-retry.
+    answer at that deadline stays a do-not-retry. A callee that ``joins`` gets the question's whole
+    time left (``None``: no deadline): its work outlives this attempt, and a retry of a timed-out
+    try re-attaches to it (:meth:`RetryState.on_failure`).
     """
+    if joins:
+        return (None if deadline is None else deadline - now), None
     if limit is None or grace <= 0:
         return limit, None
     left = None if deadline is None else deadline - now
@@ -225,7 +230,8 @@ def fits(policy: RetryPolicy, deadline: float | None, now: float, wait: float = 
 class RetryState:
     """The state of one call at one layer: which attempt it is on and when it started."""
 
-    __slots__ = ("_floor", "_u", "attempt", "bucket", "held", "layer", "policy", "sent", "tab")
+    __slots__ = ("_floor", "_u", "attempt", "bucket", "held", "layer", "policy", "rejoin", "sent",
+                 "tab")
 
     def __init__(self, policy: RetryPolicy, tab: Tab, layer: str, bucket: bool = False) -> None:
         self.policy = policy
@@ -235,12 +241,15 @@ class RetryState:
         self.attempt = 1
         self.held = 0
         self.sent: Sent | None = None  # the latest attempt's window, with a deadline grace
+        self.rejoin = False  # the next attempt re-attaches to a timed-out try's work in flight
         self._floor = 0.0
         self._u = 0.0
 
     def forward(self) -> int:
-        """Before sending an attempt to another process: hold the budget to forward with it."""
-        self.held = self.tab.account.hold(self.tab.account.left)
+        """Before sending an attempt to another process: hold the budget to forward with it (a
+        re-attach forwards what is still held for the work it joins)."""
+        if not self.rejoin:
+            self.held = self.tab.account.hold(self.tab.account.left)
         return self.held
 
     def unsent(self) -> None:
@@ -248,14 +257,23 @@ class RetryState:
         give back what was held."""
         self._settle(REFUSED, None)
 
-    def given(self, limit: float | None, grace: float, now: float) -> float | None:
+    def given(self, limit: float | None, grace: float, now: float,
+              joins: bool = False) -> float | None:
         """Before sending an attempt that waits ``limit`` seconds: the seconds its callee is given
         (:func:`attempt_window`), noted so that :meth:`on_failure` reads the callee's answer at that
         deadline as a timeout (:func:`own_deadline`)."""
-        forwarded, self.sent = attempt_window(limit, grace, self.tab.deadline, now)
+        forwarded, self.sent = attempt_window(limit, grace, self.tab.deadline, now, joins)
         return forwarded
 
     def _settle(self, delivery: str, reply: Reply | None) -> None:
+        if self.rejoin:
+            # What is held went with the first try, which reached the callee: only a reply
+            # returns any of it (a refused or lost re-attach is settled fail closed).
+            self.rejoin = False
+            if reply is None:
+                self.held = 0
+                return
+            delivery = ANSWERED
         if delivery != LOCAL:
             held, self.held = self.held, 0
             settle(self.tab.account, held, delivery, reply)
@@ -284,6 +302,8 @@ class RetryState:
         if self.sent is not None:
             failure = own_deadline(failure, *self.sent)
         policy, account, reply = self.policy, self.tab.account, failure.reply
+        if failure.joinable and failure.delivery == LOST and reply is None and failure.retryable:
+            return self._reattach(now, u)
         self._settle(failure.delivery, reply)
         if not failure.retryable:
             return self._give_up(Why.NOT_RETRYABLE, *_passed_on(reply))
@@ -307,6 +327,26 @@ class RetryState:
         if self.bucket:
             return Acquire()
         return self._backoff(now)
+
+    def _reattach(self, now: float, u: float) -> Wait | GiveUp:
+        """A try to a callee that joins timed out: its work may still be running there, holding
+        what was forwarded. The retry re-attaches to that work instead of adding to it (non-
+        idempotent calls too: the callee joins them by key); it pays for the arrival it makes one
+        retry out of what is held, and forwards the rest. No bucket token: it adds no work."""
+        wait = self.policy.backoff.delay(self.attempt, u)
+        kind = (Why.EXHAUSTED if self.held < 1 else
+                Why.DEADLINE if not self._fits(now, wait) else
+                Why.ATTEMPTS if self.attempt >= self.policy.attempts else None)
+        if kind is not None:
+            self.rejoin = True
+            self._settle(LOST, None)  # fail closed: the work in flight may spend all of it
+            if kind is Why.ATTEMPTS:
+                return self._give_up(kind)
+            return self._give_up(kind, True, kind.value)
+        self.held -= 1
+        self.rejoin = True
+        self.attempt += 1
+        return Wait(wait)
 
     def acquired(self, ok: bool, now: float) -> Wait | GiveUp:
         """The shell took (or failed to take) the retry token that ``Acquire`` asked for."""

@@ -73,13 +73,15 @@ class Reply:
 
     ``budget``: what is left after the callee's own spending. ``dnr``: do not retry, with
     ``reason``. ``pushback``: seconds the caller should wait before any retry (``None``: no
-    opinion).
+    opinion). ``joins``: the callee joins a repeated arrival of this question to the work in
+    flight (``askonce.integrations.asgi_join``), so a retry of a timed-out try adds no work.
     """
 
     budget: int
     dnr: bool = False
     reason: str | None = None
     pushback: float | None = None
+    joins: bool = False
 
 
 # --- the general parser ---------------------------------------------------------------------------
@@ -386,7 +388,10 @@ def parse_reply(text: str | bytes) -> Reply | Malformed:
         if ms is None:
             return Malformed("pushback")
         pushback = ms / 1000
-    return Reply(budget, dnr, None if reason is None else str(reason), pushback)
+    joins = d.get("j", False)
+    if type(joins) is not bool:
+        return Malformed("joins")
+    return Reply(budget, dnr, None if reason is None else str(reason), pushback, joins)
 
 
 def format_reply(reply: Reply) -> str:
@@ -397,4 +402,6 @@ def format_reply(reply: Reply) -> str:
         parts.append(f"r={reply.reason}")
     if reply.pushback is not None:
         parts.append(f"pb={to_ms(reply.pushback, up=True)}")
+    if reply.joins:
+        parts.append("j")
     return ", ".join(parts)
