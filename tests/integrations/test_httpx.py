@@ -345,10 +345,10 @@ def test_timeouts_go_out_as_they_came_until_the_question_has_less_time_left(targ
                     {"connect": 3.0, "read": 3.0, "write": 3.0, "pool": 3.0}]  # 3 s left: capped
 
 
-def test_the_target_is_not_computed_when_no_bucket_or_breaker_needs_it(target: Target) -> None:
+def test_the_target_is_not_computed_when_no_bucket_breaker_or_rejoin_needs_it(target: Target) -> None:
     def target_of(request: httpx.Request) -> str:
-        raise AssertionError("not needed without a bucket or a breaker")
+        raise AssertionError("not needed without a bucket, a breaker or rejoining")
 
-    transport = AskonceTransport(policy=policy(bucket=None, breaker=None), target=target_of)
+    transport = AskonceTransport(policy=policy(bucket=None, breaker=None, rejoin=False), target=target_of)
     with httpx.Client(transport=transport) as client:
         assert client.get(target.url("/fail/1")).status_code == 200  # a retry too: still not needed

@@ -166,13 +166,13 @@ def test_default_target_is_the_origin() -> None:
 
 
 @pytest.mark.parametrize("bucket", [None, askonce.BucketPolicy()])
-def test_the_target_is_computed_only_for_a_bucket_or_breaker(bucket: Any, target: Target) -> None:
+def test_the_target_is_computed_only_for_a_bucket_breaker_or_rejoin(bucket: Any, target: Target) -> None:
     asked: list[str] = []
 
     def target_of(request: requests.PreparedRequest) -> str:
         asked.append(request.url or "")
         return "billing"
 
-    with session(policy(bucket=bucket), target=target_of) as s:
+    with session(policy(bucket=bucket, rejoin=False), target=target_of) as s:
         assert s.get(target.url("/fail/1"), timeout=5.0).status_code == 200
     assert len(asked) == (0 if bucket is None else 1)  # once per call, not per attempt

@@ -72,7 +72,7 @@ from askonce.core.retry import (
     fits,
     settle,
 )
-from askonce.core.wire import format_question
+from askonce.core.wire import Reply, format_question
 from askonce.stores import default_store  # the one store `@askonce.retry` layers share
 from askonce.stores.base import (
     AdmissionHandle,
@@ -162,24 +162,59 @@ def _end(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float 
     give_up(state, action, last, retry_at)
 
 
-def _answered(exchange: Exchange[R] | AsyncExchange[R], response: R) -> Tried:
+def _answered(exchange: Exchange[R] | AsyncExchange[R], response: R, call: _Call) -> Tried:
     outcome = exchange.judge(response)
+    if call.joiners is not None:
+        call.joiners.heard(call.target, outcome.reply)
     return Tried(outcome.failure, outcome.health, outcome.reply, ANSWERED, response=response)
 
 
-def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException) -> Tried:
-    """An attempt that raised: a transport failure as the exchange judges it; anything else is
-    settled as sent-and-lost (fail closed) and passed on unchanged."""
+def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException, call: _Call) -> Tried:
+    """An attempt that raised: a transport failure as the exchange judges it (a lost try to a
+    target that joins is joinable); anything else is settled as sent-and-lost (fail closed) and
+    passed on unchanged."""
     outcome = exchange.judge_error(exc) if isinstance(exc, Exception) else None
     if outcome is None:
         return Tried(Failure(retryable=False, delivery=LOST), None, error=exc, fatal=True)
-    return Tried(outcome.failure, outcome.health, outcome.reply, ANSWERED, error=exc)
+    failure = outcome.failure
+    if failure is not None and failure.delivery == LOST and call.joins:
+        failure = replace(failure, joinable=True)
+    return Tried(failure, outcome.health, outcome.reply, ANSWERED, error=exc)
+
+
+class Joiners:
+    """The targets whose latest reply said they join (``Reply.joins``), at most ``limit`` of them
+    (past it the oldest is forgotten: a forgotten target's timed-out tries are lost again until it
+    replies once more). One per process (``JOINERS``), shared by every :class:`Caller`."""
+
+    __slots__ = ("_seen", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._seen: dict[str, None] = {}
+
+    def __contains__(self, target: object) -> bool:
+        return target in self._seen
+
+    def heard(self, target: str, reply: Reply | None) -> None:
+        seen = self._seen
+        if reply is None or not reply.joins:
+            seen.pop(target, None)
+        elif target not in seen:
+            if len(seen) >= self.limit:
+                del seen[next(iter(seen))]
+            seen[target] = None
+
+
+# What every Caller of the process has heard: a target's reply to one client is news to all.
+JOINERS = Joiners()
 
 
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the loop."""
 
-    __slots__ = ("bucket", "exchange", "first", "idempotent", "path", "sent", "tab", "target")
+    __slots__ = ("bucket", "exchange", "first", "idempotent", "joiners", "joins", "path", "sent",
+                 "tab", "target")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                  idempotent: bool, now: float) -> None:
@@ -198,6 +233,8 @@ class _Call:
         self.idempotent = idempotent
         self.first = self.path + caller._first
         self.sent: Sent | None = None  # the fast first attempt's window (RetryState.sent)
+        self.joiners = caller._joiners
+        self.joins = self.joiners is not None and target in self.joiners
         self.bucket: BucketHandle | AsyncBucketHandle | None = (
             None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
         if self.bucket is not None:
@@ -241,7 +278,7 @@ class _Call:
         cannot be built, nothing is sent and what was held goes back."""
         now = caller.clock()
         limit = self.limit(caller.policy, now)
-        forwarded = state.given(limit, caller.policy.deadline_grace, now)
+        forwarded = state.given(limit, caller.policy.deadline_grace, now, self.joins)
         try:
             header = propagation.question_header(attempt.frame, now, forwarded, state.forward())
             return limit, header
@@ -265,8 +302,8 @@ class Caller:
     configured).
     """
 
-    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_policies", "_sleep", "clock",
-                 "per_target", "policy", "random", "store")
+    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_joiners", "_policies",
+                 "_sleep", "clock", "per_target", "policy", "random", "store")
 
     def __init__(
         self,
@@ -312,9 +349,10 @@ class Caller:
         # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
         self._first = (Hop(policy.layer, 1),)
-        # Without a bucket, a breaker or admission, any target will do.
+        self._joiners = JOINERS if policy.rejoin else None
+        # Without a bucket, a breaker, admission or rejoining, any target will do.
         self.per_target = (policy.bucket is not None or policy.breaker is not None
-                           or policy.admission is not None)
+                           or policy.admission is not None or policy.rejoin)
 
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
                idempotent: bool) -> tuple[_Call, float | None, int, str] | _Call:
@@ -326,7 +364,7 @@ class Caller:
             return call  # the loop from the start: breaker and admission, or the give-up, decide
         limit = call.limit(self.policy, now)
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
-                                              call.tab.deadline, now)
+                                              call.tab.deadline, now, call.joins)
         account = call.tab.account
         held = account.hold(account.left)  # what RetryState.forward() holds
         tab = call.tab  # the limit already holds the deadline: what question_header sends
@@ -350,11 +388,11 @@ class Caller:
             try:
                 response = exchange.send(header, limit)
             except BaseException as exc:
-                first = _raised(exchange, exc)
+                first = _raised(exchange, exc, call)
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
-                first = _answered(exchange, response)
+                first = _answered(exchange, response, call)
                 if first.failure is None:
                     settle(call.tab.account, held, ANSWERED, first.reply)  # as on_success settles
                     return response
@@ -368,12 +406,12 @@ class Caller:
             try:
                 response = exchange.send(header, limit)
             except BaseException as exc:
-                response, tried = None, _raised(exchange, exc)
+                response, tried = None, _raised(exchange, exc, call)
                 attempt.report(tried)
                 if tried.fatal:
                     raise
             else:
-                attempt.report(_answered(exchange, response))
+                attempt.report(_answered(exchange, response, call))
         return cast(R, response)
 
     async def acall(self, exchange: AsyncExchange[R], *, target: str, idempotent: bool = True) -> R:
@@ -390,11 +428,11 @@ class Caller:
             try:
                 response = await exchange.send(header, limit)
             except BaseException as exc:
-                first = _raised(exchange, exc)
+                first = _raised(exchange, exc, call)
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
-                first = _answered(exchange, response)
+                first = _answered(exchange, response, call)
                 if first.failure is None:
                     settle(call.tab.account, held, ANSWERED, first.reply)
                     return response
@@ -408,10 +446,10 @@ class Caller:
             try:
                 response = await exchange.send(header, limit)
             except BaseException as exc:
-                response, tried = None, _raised(exchange, exc)
+                response, tried = None, _raised(exchange, exc, call)
                 await attempt.areport(tried)
                 if tried.fatal:
                     raise
             else:
-                await attempt.areport(_answered(exchange, response))
+                await attempt.areport(_answered(exchange, response, call))
         return cast(R, response)

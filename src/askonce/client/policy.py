@@ -54,6 +54,10 @@ class ClientPolicy:
     like a timeout (``core.retry.own_deadline``). 0 (the default): the callee gets the whole wait,
     its answer at that deadline is a do-not-retry, and an attempt that times out is lost and its
     forwarded budget forfeited (fail closed): timeouts are not retried.
+    ``rejoin`` (on by default): toward a target whose replies say it joins (``askonce-reply`` member
+    ``j``), an attempt is given the question's whole time left, and a timed-out try is retried as a
+    re-attach to the work still in flight there (``core.retry.RetryState.on_failure``), unsafe
+    methods too; toward any other target a timed-out try stays lost.
     """
 
     layer: str = "client"
@@ -70,6 +74,7 @@ class ClientPolicy:
     attempt_timeout: float | None = None
     max_discard: int = 65_536
     deadline_grace: float = 0.0
+    rejoin: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not valid_name(self.layer):
@@ -82,7 +87,7 @@ class ClientPolicy:
                 raise ValueError(f"{name} must be {name.capitalize()}Policy(...) or None, "
                                  f"got {getattr(self, name)!r}")
         # "no" is truthy: a str would retry every POST.
-        for name in ("retry_non_idempotent", "originator"):
+        for name in ("retry_non_idempotent", "originator", "rejoin"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("retry_statuses", "throttle_statuses"):

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol, cast
 
 from askonce import _context, _stats, propagation
@@ -194,7 +194,8 @@ class Arrival(Record):
     (``askonce.client.replies``): one context variable for both, set once per request.
     """
 
-    __slots__ = ("_noted", "_tokens", "answer", "deadline", "malformed", "serving")
+    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joins", "malformed",
+                 "serving")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -205,6 +206,8 @@ class Arrival(Record):
         self.deadline = None if serving.minted else serving.tab.deadline
         self.answer: Answer | None = None
         self._noted: BaseException | None = None
+        self.joins = False  # a join middleware inside answers for this question (reply ``j``)
+        self.detached = False  # others may join this run: a disconnect does not cancel it
 
     @property
     def noted(self) -> BaseException | None:
@@ -224,20 +227,22 @@ class Arrival(Record):
         return self.serving.reply(self.noted if failed else self._noted)
 
     def reply_header(self) -> str:
-        if self._noted is None:
+        if self._noted is None and not self.joins:
             left = self.serving.tab.account.left
             if 0 <= left < len(_PLAIN_REPLIES):
                 # Every response carries one: skip formatting the usual ones.
                 return _PLAIN_REPLIES[left]
+        if self.joins:
+            return wire.format_reply(replace(self.serving.reply(self._noted), joins=True))
         return self.serving.reply_header(self._noted)
 
     def reply_bytes(self) -> bytes:
         """:meth:`reply_header`, encoded for a header list of bytes (ASGI)."""
-        if self._noted is None:
+        if self._noted is None and not self.joins:
             left = self.serving.tab.account.left
             if 0 <= left < len(_PLAIN_REPLY_BYTES):
                 return _PLAIN_REPLY_BYTES[left]
-        return self.serving.reply_header(self._noted).encode("ascii")
+        return self.reply_header().encode("ascii")
 
 
 _PLAIN_REPLIES = tuple(wire.format_reply(Reply(left)) for left in range(65))

@@ -316,6 +316,8 @@ class _Exchange:
             return
         if reason == "deadline" and self.started:
             return  # too late to answer 503; the response already on its way is let finish
+        if reason == "disconnect" and self.arrival.detached:
+            return  # a run others may join (asgi_join): its caller re-attaches, or others wait
         self.reason = reason
         self.task.cancel()
 

@@ -28,18 +28,26 @@ table serves one event loop: a waiter on another loop runs unjoined (``server.jo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 from collections.abc import Callable
 
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+from askonce.integrations._join import (
+    CONFLICT_BODY,
+    JOINED_HEADER,
+    MAX_REARRIVALS,
+    MAX_WAIT,
+    Run,
+    announce,
+    detach,
+    digest,
+    joined,
+)
 from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
 
-JOINED_HEADER = b"askonce-joined"
-_MAX_REARRIVALS = 3  # a waiter whose run was abandoned arrives again, at most this often
-_MAX_WAIT = 300.0  # seconds a waiter waits for a question without a deadline
+__all__ = ["JOINED_HEADER", "JoinASGIMiddleware"]
 
 
 class JoinASGIMiddleware:
@@ -69,36 +77,39 @@ class JoinASGIMiddleware:
             _stats.count("server.join.unread")
             await self.app(scope, receive, send)
             return
+        announce()
         who = "" if self.principal is None else str(self.principal(scope))
         key = (who, f"{scope.get('method', '')} {scope.get('path', '')}", frame[0].key)
-        digest = hashlib.blake2b(scope.get("query_string", b"") + b"\x00" + body,
-                                 digest_size=16).digest()
+        fingerprint = digest(scope.get("query_string", b""), body)
         loop = asyncio.get_running_loop()
-        deadline = frame[0].deadline
-        for _ in range(_MAX_REARRIVALS):
+        tab = frame[0]
+        for _ in range(MAX_REARRIVALS):
             with self._lock:
-                verdict, entry = self.joins.arrive(key, digest, loop.time())
+                verdict, entry = self.joins.arrive(key, fingerprint, loop.time())
                 if verdict is Verdict.RUN and entry is not None:
-                    entry.signal = (loop, asyncio.Event())
+                    entry.signal = Run(loop, asyncio.Event(), tab)
             _stats.count(f"server.join.{verdict.value}")
             if verdict is Verdict.RUN and entry is not None:
+                detach()  # its caller may re-attach: a disconnect does not cancel it
                 await self._run(key, entry, scope, receive, send)
                 return
             if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:
                 _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
                 break
             if verdict is Verdict.WAIT and entry is not None:
-                answer = await _wait(entry, deadline)
+                answer = await _wait(entry, tab.deadline)
                 if answer is None:
                     continue  # the run ended without an answer: arrive again
+                joined(tab, entry.signal)
                 await _send(send, answer, b"wait")
                 return
             if verdict is Verdict.REPLAY and entry is not None and entry.answer is not None:
+                joined(tab, entry.signal)
                 await _send(send, entry.answer, b"replay")
                 return
             if verdict is Verdict.CONFLICT:
-                await _send(send, Answer(422, ((b"content-type", b"text/plain"),),
-                                         b"this question's key came with another request"), None)
+                await _send(send, Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY),
+                            None)
                 return
             break  # BYPASS
         await self.app(scope, receive, send)
@@ -115,9 +126,9 @@ class JoinASGIMiddleware:
                     self.joins.abandon(key, entry)
                 else:
                     self.joins.finish(key, entry, answer, asyncio.get_running_loop().time())
-            signal = entry.signal
-            if isinstance(signal, tuple):
-                signal[1].set()  # this loop's: the run and its waiters share it
+            run = entry.signal
+            if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
+                run.wake.set()  # this loop's: the run and its waiters share it
 
 
 class _Capture:
@@ -191,18 +202,17 @@ def _replaying(buffered: list[Message], receive: Receive) -> Receive:
 
 
 def _loop_of(entry: Entry) -> object:
-    signal = entry.signal
-    return signal[0] if isinstance(signal, tuple) else None
+    run = entry.signal
+    return run.owner if isinstance(run, Run) else None
 
 
 async def _wait(entry: Entry, deadline: float | None) -> Answer | None:
-    signal = entry.signal
-    if not isinstance(signal, tuple):
+    run = entry.signal
+    if not isinstance(run, Run) or not isinstance(run.wake, asyncio.Event):
         return None
-    event: asyncio.Event = signal[1]
-    left = _MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
+    left = MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
     try:
-        await asyncio.wait_for(event.wait(), min(left, _MAX_WAIT))
+        await asyncio.wait_for(run.wake.wait(), min(left, MAX_WAIT))
     except TimeoutError:
         return Answer(503, (), b"")  # the outer middleware answers a passed deadline itself
     return entry.answer

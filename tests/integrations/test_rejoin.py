@@ -1,0 +1,162 @@
+"""A timed-out try toward a callee that joins is retried, and the retry joins the work in flight.
+
+Real servers on 127.0.0.1 (uvicorn for ASGI, waitress for WSGI) behind ``AskonceASGIMiddleware``
+or ``AskonceWSGIMiddleware`` with a ledger; the client is the httpx transport with a per-attempt
+timeout shorter than the handler's first run. The handler counts its runs (its side effect) per
+question key; the ledger counts every arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+import askonce
+from askonce.client import JOINERS, ClientPolicy
+from askonce.core.ledger import Ledger, LedgerPolicy
+from askonce.core.wire import REPLY_HEADER, Reply, parse_reply
+from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.asgi_join import JoinASGIMiddleware
+from askonce.integrations.httpx import AskonceTransport, default_target
+from askonce.integrations.wsgi import AskonceWSGIMiddleware
+from askonce.integrations.wsgi_join import JoinWSGIMiddleware
+from e2e_services import uvicorn_running, waitress_running
+
+SLOW = 0.8  # seconds the first run of a question takes: longer than the client's attempt timeout
+TIMEOUT = 0.3  # the client's per-attempt timeout
+
+
+class Work:
+    """The handler's side effect: runs per question key (the first run of each key is slow)."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def run(self, path: str) -> float:
+        """Count a run; how long it takes (``/warm`` is never slow)."""
+        q = askonce.current()
+        key = q.key if q is not None else "-"
+        with self.lock:
+            self.runs[key] += 1
+            first = self.runs[key] == 1
+        return SLOW if first and path != "/warm" else 0.0
+
+
+def asgi_app(work: Work) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body", False):
+            pass
+        await asyncio.sleep(work.run(scope["path"]))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    return app
+
+
+def wsgi_app(work: Work) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        time.sleep(work.run(environ["PATH_INFO"]))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"done"]
+
+    return app
+
+
+@contextmanager
+def callee(kind: str, join: bool) -> Iterator[tuple[str, Work, Ledger]]:
+    work, ledger = Work(), Ledger(LedgerPolicy())
+    if kind == "asgi":
+        inner = asgi_app(work)
+        app: Any = AskonceASGIMiddleware(JoinASGIMiddleware(inner) if join else inner,
+                                         layer="target", ledger=ledger)
+        with uvicorn_running(app) as url:
+            yield url, work, ledger
+    else:
+        inner = wsgi_app(work)
+        app = AskonceWSGIMiddleware(JoinWSGIMiddleware(inner) if join else inner, layer="target",
+                                    ledger=ledger)
+        with waitress_running(app) as url:
+            yield url, work, ledger
+
+
+def client(attempts: int = 4) -> httpx.Client:
+    policy = ClientPolicy(layer="svc", bucket=None, attempt_timeout=TIMEOUT,
+                          retry=askonce.RetryPolicy(attempts=attempts))
+    return httpx.Client(transport=AskonceTransport(httpx.HTTPTransport(), policy=policy),
+                        timeout=5.0)
+
+
+def _arrivals(ledger: Ledger) -> int:
+    return sum(op.arrivals for op in ledger.report(now=time.time()).operations)
+
+
+def _left() -> int:
+    q = askonce.current()
+    assert q is not None
+    return q.budget
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_timed_out_try_rejoins_the_run_in_flight(kind: str, method: str) -> None:
+    with callee(kind, join=True) as (url, work, ledger), client() as http:
+        with askonce.question(budget=3, deadline=10.0):
+            warm = http.request(method, url + "/warm", content=b"x")  # learns that it joins
+        assert warm.status_code == 200
+        before = _arrivals(ledger)
+        with askonce.question(budget=3, deadline=10.0) as q:
+            response = http.request(method, url + "/q", content=b"x")
+            left = _left()
+        key = q.key
+    assert response.status_code == 200 and response.text == "done"
+    assert work.runs[key] == 1  # the work was done once
+    reply = parse_reply(response.headers[REPLY_HEADER])
+    assert not isinstance(reply, Exception) and reply.joins
+    assert response.headers["askonce-joined"] in ("wait", "replay")
+    seen = _arrivals(ledger) - before
+    assert 2 <= seen <= 1 + 3  # each re-attach is an arrival, paid from the budget
+    assert left == 3 - (seen - 1)  # what the question has left: one retry per re-attach
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_toward_a_callee_that_does_not_join_a_timed_out_try_stays_lost(kind: str) -> None:
+    with callee(kind, join=False) as (url, work, _), client() as http:
+        with askonce.question(budget=3, deadline=10.0):
+            http.get(url + "/warm")
+        with askonce.question(budget=3, deadline=10.0) as q:
+            with pytest.raises(askonce.BudgetExhausted) as lost:
+                http.get(url + "/q")
+            left = _left()
+    assert isinstance(lost.value.__cause__, httpx.TimeoutException)
+    assert work.runs[q.key] == 1 and left == 0  # fail closed: the callee may have spent it all
+
+
+def test_a_question_with_no_budget_does_not_rejoin() -> None:
+    with callee("asgi", join=True) as (url, work, _), client() as http:
+        with askonce.question(budget=3, deadline=10.0):
+            http.get(url + "/warm")
+        with askonce.question(budget=0, deadline=10.0) as q, pytest.raises(askonce.BudgetExhausted):
+            http.get(url + "/q")
+    assert work.runs[q.key] == 1
+
+
+def test_a_callee_that_stops_joining_is_no_longer_rejoined() -> None:
+    """The client believes the callee's latest reply: one without ``j`` forgets that it joins."""
+    with callee("asgi", join=True) as (url, _, _), client() as http:
+        http.get(url + "/warm")
+        assert default_target(httpx.Request("GET", url)) in JOINERS
+    with callee("asgi", join=False) as (url, _, _), client() as http:
+        JOINERS.heard(default_target(httpx.Request("GET", url)), Reply(2, joins=True))
+        http.get(url + "/warm")
+        assert default_target(httpx.Request("GET", url)) not in JOINERS
