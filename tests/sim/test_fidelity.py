@@ -220,10 +220,32 @@ def test_the_demo_breaker_keeps_an_outage_to_three_arrivals_whatever_the_budget(
 
 def test_with_a_deadline_grace_the_slow_questions_are_retried_in_the_model_too() -> None:
     # docs/demo.md, --grace: a try cut at its deadline is answered in time and retried like a timeout.
-    slow = params.scenarios()["slow"]
+    slow = params.scenarios(join=False)["slow"]
     without = fidelity.simulate(slow, "askonce")
     with_grace = fidelity.simulate(dataclasses.replace(slow, grace=0.1), "askonce")
     assert without["success_rate"] < 0.93 and without["arrivals_per_question"]["max"] == 1
     assert with_grace["success_rate"] > 0.97
     assert 1 < with_grace["arrivals_per_question"]["mean"] < 1.2
     assert with_grace["arrivals_per_question"]["max"] <= 1 + slow.budget
+
+
+def test_joining_layers_answer_the_slow_questions_with_the_work_done_once() -> None:
+    # docs/demo.md, "Answering once": a timed-out try re-attaches to the run still in flight below.
+    joined = fidelity.simulate(params.scenarios()["slow"], "askonce")
+    alone = fidelity.simulate(params.scenarios(join=False)["slow"], "askonce")
+    assert joined["success_rate"] == 1.0 and alone["success_rate"] < 0.93
+    slow = params.scenarios()["slow"]
+    assert joined["arrivals_per_question"]["max"] <= 1 + slow.budget
+
+
+def test_an_edge_that_rejoins_deepens_the_overloaded_targets_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Why the demo's edge keeps its own short attempts (rejoin=False): waiting out the 3 s deadline
+    # for one joined run lets the target's FIFO queue hold 3 s of work instead of 1 s.
+    overload = params.scenarios()["overload"]
+    kept = fidelity.simulate(overload, "askonce")
+    plain = fidelity.policy_for
+    monkeypatch.setattr(fidelity, "policy_for",
+                        lambda s, p: dataclasses.replace(plain(s, p), edge_rejoins=True))
+    rejoined = fidelity.simulate(overload, "askonce")
+    assert rejoined["success_rate"] < kept["success_rate"] / 2
+    assert kept["recovery_s"] is not None and rejoined["recovery_s"] is None

@@ -75,6 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--grace", type=_grace, default=0.0, metavar="S",
                    help="askonce clients' deadline_grace: retry timed-out tries whose callee "
                         "answers at its deadline (default 0, off, as in the library)")
+    p.add_argument("--no-join", dest="join", action="store_false",
+                   help="askonce layers do not join repeated questions (the target still counts "
+                        "them): timed-out tries are then lost, as without JoinASGIMiddleware")
     p.add_argument("--in-process", action="store_true",
                    help="no sockets: the three layers' arithmetic in one process "
                         "(needs no extra package)")
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json,
                             out=args.out, redis=args.redis, seed=args.seed, budget=args.budget,
-                            grace=args.grace, command=_command(args)))
+                            grace=args.grace, join=args.join, command=_command(args)))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -117,6 +120,8 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--budget", str(args.budget)]
     if args.grace:
         words += ["--grace", f"{args.grace:g}"]
+    if not args.join:
+        words.append("--no-join")
     if args.redis:
         words += ["--redis", args.redis]
     return shlex.join(words)

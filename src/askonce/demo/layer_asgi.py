@@ -27,6 +27,7 @@ from askonce.demo import child, naive
 from askonce.demo.params import DEMO_BREAKER, LayerSettings, from_json
 from askonce.errors import reply_of
 from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.integrations.httpx import AsyncAskonceTransport
 
 POOLS = 16  # one httpx pool stalls under hundreds of idle connections (httpcore's quadratic scan)
@@ -46,24 +47,30 @@ class Layer:
         self.turn = 0
         self.inflight = 0
         self.rng = random.Random(1)
-        self.naive_app = self._app(False)
-        self.askonce_app = self._app(True)
+        self.naive_app = self._app()
+        self.askonce_app = self._askonce(join=True)
 
-    def _app(self, with_askonce: bool) -> FastAPI:
+    def _app(self) -> FastAPI:
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
         @app.get("/q")
         async def q(request: Request) -> Response:
             return await self.handle(request)
 
-        if with_askonce:
-            app.add_middleware(AskonceASGIMiddleware, layer=self.name)
         return app
+
+    def _askonce(self, join: bool) -> AskonceASGIMiddleware:
+        """The app under askonce: a fresh join table each run (one run's answers are not the
+        next run's)."""
+        inner: Any = JoinASGIMiddleware(self.naive_app) if join else self.naive_app
+        return AskonceASGIMiddleware(inner, layer=self.name)
 
     async def configure(self, settings: LayerSettings) -> None:
         old, self.clients = self.clients, []
         self.settings = settings
         self.rng = random.Random(f"{settings.seed}:{self.name}")
+        if settings.mode == "askonce":
+            self.askonce_app = self._askonce(settings.join)
         store: Any = None
         if settings.mode == "askonce" and settings.redis is not None:
             from askonce.stores.aredis import AsyncRedisStore

@@ -27,6 +27,7 @@ from askonce.demo.params import DEMO_BREAKER, LayerSettings, from_json
 from askonce.errors import reply_of
 from askonce.integrations.requests import session as askonce_session
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
+from askonce.integrations.wsgi_join import JoinWSGIMiddleware
 
 NAME = "api"
 THREADS = 128  # a small pool would make this layer, not the target, the bottleneck under retries
@@ -45,7 +46,12 @@ class Api:
         self.inflight = 0
         self.flask = Flask("askonce-demo-api")
         self.flask.add_url_rule("/q", "q", self.handle)
-        self.askonce_app = AskonceWSGIMiddleware(self.flask.wsgi_app, layer=NAME)
+        self.askonce_app = self._askonce(join=True)
+
+    def _askonce(self, join: bool) -> AskonceWSGIMiddleware:
+        """The app under askonce: a fresh join table each run."""
+        inner: Any = JoinWSGIMiddleware(self.flask.wsgi_app) if join else self.flask.wsgi_app
+        return AskonceWSGIMiddleware(inner, layer=NAME)
 
     @staticmethod
     def _plain_session() -> requests.Session:
@@ -78,6 +84,7 @@ class Api:
             )  # fmt: skip
             self.session = askonce_session(policy, store=store, pool_connections=4,
                                            pool_maxsize=POOL)
+            self.askonce_app = self._askonce(settings.join)
             self.session.trust_env = False
         else:
             self.session = self._plain_session()

@@ -40,6 +40,7 @@ class Options:
     seed: int = 1
     budget: int = DEMO_BUDGET
     grace: float = 0.0
+    join: bool = True
     command: str = "askonce demo"
 
 
@@ -98,7 +99,8 @@ def run_demo(opts: Options) -> int:
             err.print(f"askonce demo: {why}")
             return 2
     console = err if opts.json else Console(width=width)
-    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace).items()
+    chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace,
+                                       opts.join).items()
               if n in opts.scenarios}
     plan = lanes(chosen)
     started = time.monotonic()
@@ -198,6 +200,7 @@ def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
                    f"{platform.system()}",
         "quick": opts.quick, "seed": opts.seed, "budget": opts.budget, "grace": opts.grace,
+        "join": opts.join,
         "redis": opts.redis is not None,
         "elapsed_s": round(elapsed, 1), "report_dir": str(out), "pids": pids, "notes": notes,
     }  # fmt: skip

@@ -84,9 +84,11 @@ class LayerSettings:
     seed: int = 1
     redis: str | None = None
     prefix: str = "askonce-demo"
+    join: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
+        _check(type(self.join) is bool, "join must be true or false", self.join)
         _check(isinstance(self.downstream, str), "downstream must be a URL", self.downstream)
         _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10",
                self.grace)
@@ -129,9 +131,11 @@ class TargetSettings:
     seed: int = 1
     redis: str | None = None
     prefix: str = "askonce-demo"
+    join: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
+        _check(type(self.join) is bool, "join must be true or false", self.join)
         _check(type(self.slots) is int and 1 <= self.slots <= 1000, "slots must be within 1..1000",
                self.slots)
         _check(self.failure in FAILURES, f"failure must be one of {FAILURES}", self.failure)
@@ -222,11 +226,12 @@ class Scenario:
     window: float = 5.0
     budget: int = DEMO_BUDGET
     grace: float = DEMO_GRACE  # the askonce clients' deadline_grace
+    join: bool = True  # askonce layers and the target join repeated arrivals of a question
     note: str = ""
 
 
 def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
-              grace: float = DEMO_GRACE) -> dict[str, Scenario]:
+              grace: float = DEMO_GRACE, join: bool = True) -> dict[str, Scenario]:
     """The four scenarios with their parameters; ``quick`` shortens every one (fewer questions).
 
     ``budget``: the retries each askonce question may cost in all (minted at the edge).
@@ -263,4 +268,4 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
     }
     if not (_number(grace) and 0 <= grace <= 10):
         raise ValueError(f"grace must be seconds within 0..10, got {grace!r}")
-    return {name: replace(s, budget=budget, grace=grace) for name, s in out.items()}
+    return {name: replace(s, budget=budget, grace=grace, join=join) for name, s in out.items()}

@@ -62,7 +62,7 @@ class Runner:
                 mode="askonce" if policy == "askonce" else "naive",
                 downstream=self.stack.url(CHAIN[i + 1]),
                 attempts=1 if policy == "no-retry" else 3,
-                timeout=scenario.layer_timeout, grace=scenario.grace,
+                timeout=scenario.layer_timeout, grace=scenario.grace, join=scenario.join,
                 breaker=policy == "askonce" and name == "service",  # the layer nearest the target
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),
             )  # fmt: skip
@@ -101,6 +101,7 @@ class Runner:
                 response.raise_for_status()
             t0 = time.time() + LEAD  # the target's clock for its timeline and the capacity cut
             target = replace(scenario.target, mode="askonce" if policy == "askonce" else "naive",
+                             join=scenario.join,
                              t0=t0,
                              capacity=() if trigger is None
                              else ((trigger.start, trigger.end, trigger.factor),),

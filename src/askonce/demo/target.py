@@ -36,6 +36,7 @@ from askonce.core.ledger import LedgerPolicy
 from askonce.demo import child
 from askonce.demo.params import TargetSettings, capacity_factor, draw, from_json
 from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.asgi_join import JoinASGIMiddleware
 
 BIN = 0.1  # seconds per bin of the arrivals timeline
 MAX_LOG = 500_000  # work items logged per run; beyond, work is only summed
@@ -122,8 +123,8 @@ class Target:
                 from askonce.ledger.store import MemoryLedger
 
                 self.ledger = MemoryLedger(policy)
-            self.askonce_app = AskonceASGIMiddleware(self.work_app, layer="target",
-                                                     ledger=self.ledger)
+            work: Any = JoinASGIMiddleware(self.work_app) if s.join else self.work_app
+            self.askonce_app = AskonceASGIMiddleware(work, layer="target", ledger=self.ledger)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

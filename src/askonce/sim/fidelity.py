@@ -93,7 +93,7 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
                                   askonce_breaker=True,
                                   backoff=Backoff(layer.backoff_base,
                                                   max(layer.backoff_cap, layer.backoff_base)),
-                                  shared=True))  # fmt: skip
+                                  shared=True, join=scenario.join))  # fmt: skip
     return dataclasses.replace(chosen, grace=scenario.grace) if chosen.propagate else chosen
 
 

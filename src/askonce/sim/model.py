@@ -48,6 +48,7 @@ from askonce.sim.world import Policy, Stats, World
 
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
+_REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
 _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
 
 
@@ -89,6 +90,19 @@ class Call:
         self.path: tuple[Hop, ...] = ()
         self.reply: Reply | None = None
         self.ok = False
+
+
+class Run:
+    """A question's run at one hop that later arrivals join (``Policy.join``): the call serving
+    it, the budget it was sent, the arrivals waiting for it, and whether it answered well."""
+
+    __slots__ = ("budget", "call", "done", "waiters")
+
+    def __init__(self, call: Call, budget: int) -> None:
+        self.call = call
+        self.budget = budget
+        self.waiters: list[Call] = []
+        self.done = False
 
 
 class Layer:
@@ -140,6 +154,9 @@ class Sim:
         self._on_timeout, self._on_resume, self._on_done = (self.on_timeout, self.on_resume,
                                                             self.on_done)
         self._clock: Callable[[], float] = lambda: self.engine.now
+        self._join = policy.propagate and policy.join
+        self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
+        self._edge_rejoins = self._join and policy.edge_rejoins
 
     def _build(self) -> list[Layer]:
         w, p = self.world, self.policy
@@ -220,6 +237,8 @@ class Sim:
             self._target_arrive(c, now)
         elif self._propagate:
             tab, path = self._receive(c, now)
+            if self._join and self._joined(c.layer.name, c, tab.left, now):
+                return
             self._serve(c, tab, path, now)
         else:  # no question came: this hop's own tab, which only its attempt limit can exhaust
             self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (),
@@ -281,7 +300,7 @@ class Sim:
             # the tighter of deadline and patience
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child.remaining = c.state.given(rem, self.policy.grace, now)
+            child.remaining = c.state.given(rem, self.policy.grace, now, self._rejoins(c))
             child.path = (*c.path, act.hop)
         c.out = child
         c.sent = now
@@ -324,10 +343,57 @@ class Sim:
         if c.out is not child:
             return
         c.out = None
-        self._drive(c, _TIMED_OUT, self.engine.now)
+        self._drive(c, _REJOINABLE if self._rejoins(c) else _TIMED_OUT, self.engine.now)
+
+    def _rejoins(self, c: Call) -> bool:
+        """Does ``c``'s hop re-attach a timed-out try (its callee joins)?"""
+        return self._join and (c.parent is not None or self._edge_rejoins)
+
+    def _joined(self, hop: str, c: Call, budget: int, now: float) -> bool:
+        """Join ``c`` to its question's run at ``hop`` (waiting, or replayed at once); if there is
+        none to join, ``c`` becomes the run (and ``False``: serve it)."""
+        key = (hop, c.asked.key)
+        run = self._runs.get(key)
+        if run is None:
+            self._runs[key] = Run(c, budget)
+            return False
+        c.budget = budget
+        if run.done:
+            self._answer_waiter(run, c, now)
+        else:
+            run.waiters.append(c)
+        return True
+
+    def _answer_waiter(self, run: Run, c: Call, now: float) -> None:
+        """A joined arrival gets the run's answer; its reply says what the run left, less the
+        re-attaches its caller paid since (``integrations._join.joined``)."""
+        reply = run.call.reply
+        assert reply is not None
+        left = max(0, min(c.budget, reply.budget - (run.budget - c.budget)))
+        joined = Reply(left, reply.dnr, reply.reason, reply.pushback)
+        if c.layer is not None:
+            self._finish(c, run.call.ok, joined, now)
+            return
+        c.ok, c.reply = run.call.ok, joined  # a target's waiter: answered like a job
+        self.engine.at(now + self.world.latency, self._on_reply, c)
+
+    def _ran(self, hop: str, c: Call, now: float) -> None:
+        """``c`` answered: its waiters get the answer; a good one is kept for later arrivals."""
+        key = (hop, c.asked.key)
+        run = self._runs.get(key)
+        if run is None or run.call is not c:
+            return
+        run.done = True
+        if not c.ok:
+            del self._runs[key]  # a failed run is tried again by the next arrival
+        waiters, run.waiters = run.waiters, []
+        for waiter in waiters:
+            self._answer_waiter(run, waiter, now)
 
     def _finish(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
         c.ok, c.reply = ok, reply
+        if self._join and c.layer is not None:
+            self._ran(c.layer.name, c, now)
         q = c.asked
         if c.parent is None:
             self.stats.answer(q, ok, now)
@@ -349,6 +415,8 @@ class Sim:
             self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin,
                                path=path)
             job.budget, job.deadline = tab.left, tab.deadline
+            if self._join and self._joined("target", job, tab.left, now):
+                return
         else:  # an id header only: the key is known, the path and the deadline are not
             self.ledger.record(now, "target", key=q.key, edge=True)
             job.deadline = None
@@ -394,11 +462,15 @@ class Sim:
         work = now - job.started
         self.stats.busy += work
         parent = job.parent
-        if parent is not None and parent.out is not job:
+        run = self._runs.get(("target", job.asked.key)) if self._join else None
+        joined = run is not None and run.call is job and bool(run.waiters)
+        if parent is not None and parent.out is not job and not joined:
             self.stats.wasted += work
         if job.reply is not None:  # cancelled at its deadline
             self.stats.shed += 1
             self.engine.at(now + self.world.latency, self._on_reply, job)
+            if self._join:
+                self._ran("target", job, now)
         else:
             self._target_answer(job, job.ok, False, now)
         if self.world.servers is not None:
@@ -415,3 +487,5 @@ class Sim:
         else:
             job.reply = Reply(job.budget) if self.policy.propagate else None
         self.engine.at(now + self.world.latency, self._on_reply, job)
+        if self._join:
+            self._ran("target", job, now)

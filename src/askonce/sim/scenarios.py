@@ -56,6 +56,7 @@ class Knobs:
     backoff: Backoff = Backoff()
     shared: bool = True
     grace: float = 0.0  # askonce: ClientPolicy.deadline_grace of every layer
+    join: bool = False  # askonce: every layer and the target join (asgi_join, wsgi_join)
 
 
 def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
@@ -76,7 +77,7 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
                       bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
                       breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
-                      grace=k.grace)
+                      grace=k.grace, join=k.join)
     raise ValueError(f"unknown policy {name!r}; "
                      f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 

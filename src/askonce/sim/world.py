@@ -32,6 +32,8 @@ class Policy:
     shared: bool = False  # layer 1's bucket and breaker shared by every client (fleet-wide store)
     shed: bool = False  # the target refuses, and cancels, work past the propagated deadline
     grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)
+    join: bool = False  # layers and target join a repeated question; timed-out tries re-attach
+    edge_rejoins: bool = False  # with join: layer 1 (the client) re-attaches too
 
     def __post_init__(self) -> None:
         if not valid_name(self.name):
