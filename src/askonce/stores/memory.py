@@ -35,7 +35,7 @@ from askonce.core.admission import Admission, AdmissionPolicy
 from askonce.core.breaker import Breaker, BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy, TokenBucket
 
-__all__ = ["AdmissionHandle", "BreakerHandle", "BucketHandle", "Listener", "MemoryStore"]
+__all__ = ["AdmissionHandle", "BreakerHandle", "BucketHandle", "Listener", "MemoryStore", "evict"]
 
 Listener = Callable[[str, Transition], object]
 """Called as ``listener(target, transition)`` after a breaker changed state."""
@@ -313,26 +313,27 @@ class MemoryStore:
             if handle is None:
                 handle = table[key] = make()
                 if len(table) > self._max:
-                    self._evict(table, key)
+                    evict(table, self._clock(), "store.memory")
             return handle
 
-    def _evict(self, table: OrderedDict[K, H], new: K) -> None:
-        """Drop the oldest entry at rest (nothing lost: a new one would be the same); an engaged
-        one (an open breaker, a drained bucket) is kept and looked past, so that a flood of new
-        target names cannot reset protection that is engaged. Only when ``_SCAN`` entries in a row
-        are engaged does the oldest of them go (``store.memory.evicted-engaged``)."""
-        now = self._clock()
-        first_engaged: K | None = None
-        for _ in range(min(_SCAN, len(table) - 1)):  # never as far as ``new``, the newest
-            key, handle = next(iter(table.items()))
-            if handle.at_rest(now):
-                del table[key]
-                count("store.memory.evicted")
-                return
-            if first_engaged is None:
-                first_engaged = key
-            table.move_to_end(key)  # engaged: kept, and looked at last next time
-        if first_engaged is not None:
-            del table[first_engaged]
-            count("store.memory.evicted-engaged")
+
+def evict(table: OrderedDict[K, H], now: float, counter: str) -> None:
+    """Drop one entry of ``table`` (oldest first, the newest last): the oldest at rest (nothing
+    lost: a new one would be the same). An engaged one (an open breaker, a drained bucket) is kept
+    and looked past, so that a flood of new names cannot reset protection that is engaged. Only
+    when ``_SCAN`` entries in a row are engaged does the oldest of them go. Counted as
+    ``<counter>.evicted`` or ``<counter>.evicted-engaged``; the caller holds the table's lock."""
+    first_engaged: K | None = None
+    for _ in range(min(_SCAN, len(table) - 1)):  # never as far as the newest, just added
+        key, handle = next(iter(table.items()))
+        if handle.at_rest(now):
+            del table[key]
+            count(f"{counter}.evicted")
+            return
+        if first_engaged is None:
+            first_engaged = key
+        table.move_to_end(key)  # engaged: kept, and looked at last next time
+    if first_engaged is not None:
+        del table[first_engaged]
+        count(f"{counter}.evicted-engaged")
 
