@@ -14,7 +14,11 @@ A registry holds one breaker per target, named as the user names it (a host, a s
 operation), over a store's breaker handles: in memory they are per process, in Redis they are shared
 by the fleet. ``registry_for(store)`` gives the one registry of a store (so callbacks registered
 there see every breaker of that store); ``default_registry()`` is the one of the default in-memory
-store.
+store. A registry holds at most ``max_targets`` breakers; past it the oldest one at rest (closed,
+no failure in its window) is dropped, so that a flood of new target names (hostnames from webhooks)
+cannot push out an open or half-open breaker; only when every breaker looked at is engaged does the
+oldest go (``breakers.registry.evicted`` / ``breakers.registry.evicted-engaged``, as the memory
+store does).
 
 What a failed call says about the target is ``is_failure``'s business: an exception carrying a
 do-not-retry reply with reason ``overloaded`` counts, and so does a 429 or a 408; a client's own
@@ -47,7 +51,7 @@ from askonce.core.wire import Reply
 from askonce.errors import CircuitOpen
 from askonce.stores import default_store
 from askonce.stores.base import AsyncBreakerHandle, AsyncStore, BreakerHandle, Store
-from askonce.stores.memory import Listener, MemoryStore
+from askonce.stores.memory import Listener, MemoryStore, evict
 from askonce.verdict import is_failure
 
 __all__ = [
@@ -150,6 +154,12 @@ class _Breaker(Generic[H]):
         self.policy = policy
         self.clock = clock
         self.is_failure = is_failure
+
+    def at_rest(self, now: float) -> bool:
+        """For the registry's eviction: forgetting this breaker loses nothing, as its handle says
+        (closed, no failure in its window); a handle that cannot say is taken to be at rest."""
+        at_rest = getattr(self.handle, "at_rest", None)
+        return at_rest is None or bool(at_rest(now))
 
 
 class CircuitBreaker(_Breaker[BreakerHandle]):
@@ -267,9 +277,8 @@ class _Registry(Generic[B]):
                     add = getattr(breaker.handle, "add_listener", None)
                     if add is not None:
                         add(self._dispatch)
-                    if len(self._breakers) > self._max:
-                        self._breakers.popitem(last=False)
-                        count("breakers.registry.evicted")
+                    if len(self._breakers) > self._max:  # an engaged breaker outlives idle ones
+                        evict(self._breakers, self.clock(), "breakers.registry")
         if policy is not None and policy != breaker.policy:
             raise ValueError(f"breaker {target!r} already exists with another policy "
                              f"({breaker.policy!r})")

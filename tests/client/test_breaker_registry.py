@@ -210,6 +210,46 @@ def test_the_registry_is_bounded() -> None:
     assert reg.states() == {"t2": CLOSED, "t3": CLOSED, "t4": CLOSED}
 
 
+def test_a_flood_of_new_target_names_cannot_push_out_an_open_or_half_open_breaker() -> None:
+    from stats_delta import delta
+
+    clock = Clock()
+    reg = BreakerRegistry(policy=POLICY, clock=clock)  # the default bound: 4096 targets
+    fail_through(reg, "ledger", 4)
+    probing = reg.get("ledger")
+    clock.now += 5.0  # past open_for
+    assert probing.state() is HALF
+    fail_through(reg, "payments", 4)
+    opened = reg.get("payments")
+    before = askonce.stats()
+    for i in range(2 * 4096):  # hostnames from webhooks
+        reg.get(f"hook-{i}.example")
+    assert len(reg.targets()) == 4096
+    assert reg.get("payments") is opened and reg.get("ledger") is probing
+    assert reg.states()["payments"] is OPEN and reg.states()["ledger"] is HALF
+    with pytest.raises(CircuitOpen), reg.get("payments").guard():
+        pass
+    # the one probe is let through, and no second call while it runs
+    with reg.get("ledger").guard(), pytest.raises(CircuitOpen), reg.get("ledger").guard():
+        pass
+    assert delta(before) == {"breakers.registry.evicted": 2 * 4096 - 4094,
+                             "store.memory.evicted": 2 * 4096 - 4094}
+
+
+def test_when_every_breaker_is_engaged_the_oldest_goes_and_is_counted_apart() -> None:
+    from stats_delta import delta
+
+    clock = Clock()
+    reg = BreakerRegistry(policy=POLICY, clock=clock, max_targets=3)
+    before = askonce.stats()
+    for i in range(4):
+        fail_through(reg, f"t{i}", 4)
+    assert sorted(reg.targets()) == ["t1", "t2", "t3"]
+    assert delta(before) == {"breakers.registry.evicted-engaged": 1}
+    with pytest.raises(CircuitOpen), reg.get("t0").guard():  # the store still holds its state
+        pass
+
+
 # --- a misconfiguration is refused at construction ------------------------------------------------------
 
 

@@ -280,6 +280,21 @@ def test_half_open_probes_are_counted_fleet_wide(shared_redis: RedisServer) -> N
     assert a.state(time.monotonic()) is CLOSED
 
 
+def test_a_registry_over_redis_keeps_an_open_breaker_through_a_flood_of_names(
+        shared_redis: RedisServer) -> None:
+    from askonce.breakers import BreakerRegistry
+
+    reg = BreakerRegistry(RedisStore(shared_redis.url), policy=SMALL, max_targets=4)
+    target = fresh()
+    opened = reg.get(target)
+    opened.handle.force_open(time.monotonic())
+    before = askonce.stats()
+    for _ in range(20):
+        reg.get(fresh())
+    assert reg.get(target) is opened and reg.states()[target] is OPEN
+    assert delta(before, "breakers.registry.evicted") == 17
+
+
 def test_a_probe_held_by_a_dead_process_is_leased_again(shared_redis: RedisServer) -> None:
     policy = BreakerPolicy(window_size=10, minimum_calls=4, open_for=0.1, half_open_probes=1)
     handle = RedisStore(shared_redis.url).breaker(fresh(), policy)

@@ -233,6 +233,12 @@ class BreakerBase:
     def retry_at(self) -> float | None:
         return self._retry_at
 
+    def at_rest(self, now: float) -> bool:
+        """Closed when last seen, its local fallback (if any) at rest: for a registry's eviction,
+        read-only and without a round trip."""
+        local = self._fallback
+        return self._seen is State.CLOSED and (local is None or local.at_rest(now))
+
     def _call_args(self, op: str, success: bool, duration: float) -> list[str]:
         return [op, *self._args, "1" if success else "0", repr(float(duration))]
 
