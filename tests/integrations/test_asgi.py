@@ -26,7 +26,12 @@ from askonce.core.naming import path_template
 from askonce.core.question import Hop
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.errors import attach_reply
-from askonce.integrations.asgi import LEDGER_LOCK, AskonceASGIMiddleware, note_failure
+from askonce.integrations.asgi import (
+    LEDGER_LOCK,
+    AskonceASGIMiddleware,
+    note_failure,
+    route_operations,
+)
 
 DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
 
@@ -371,6 +376,40 @@ def test_the_fallback_operation_name_replaces_ids() -> None:
     assert path_template("DELETE", "/keys/01HZY3M4ZK2V7ZQ9P0A1B2C3D4/") == "DELETE /keys/{id}/"
     assert path_template("GET", "/internationalization-settings") == "GET /internationalization-settings"
     assert len(path_template("GET", "/" + "a" * 10_000)) <= 160
+
+
+async def test_route_operations_lists_every_name_the_route_table_gives() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route, WebSocketRoute
+
+    async def ok(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    async def ws(websocket: Any) -> None:
+        await websocket.close()
+
+    app = Starlette(routes=[
+        Route("/items/{item_id:int}", ok), Route("/orders", ok, methods=["POST"]),
+        WebSocketRoute("/ws", ws),
+        Mount("/api", routes=[Route("/users/{name}", ok, methods=["GET", "DELETE"])]),
+        Mount("/static", app=PlainTextResponse("file")),
+    ])
+    ledger = Ledger(LedgerPolicy(window=DAY))
+    transport = httpx.ASGITransport(app=AskonceASGIMiddleware(app, layer="api", ledger=ledger))
+    sent = [("GET", "/items/7"), ("HEAD", "/items/7"), ("POST", "/orders"),
+            ("DELETE", "/api/users/ann"), ("GET", "/api/nowhere"), ("PUT", "/static/a/b.css"),
+            ("GET", "/nowhere"), ("PATCH", "/nowhere")]
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for method, path in sent:
+            await client.request(method, path)
+        await client.request("POST", "/items/7")  # a method the route does not take: not listed
+    names = route_operations(app)
+    recorded = [o.operation for o in ledger.report(time.time()).operations]
+    assert set(recorded) - set(names) == {"POST /items/{item_id:int}"}
+    assert len(recorded) == len(sent) + 1
+    assert "GET /ws" not in names and "GET /static/{path:path}" in names
+    assert route_operations(lambda scope, receive, send: None) == []
 
 
 # --- in-process: scopes other than http, and options ----------------------------------------------------

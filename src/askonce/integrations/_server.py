@@ -45,6 +45,8 @@ from askonce.propagation import Serving
 
 UNMATCHED = "~unmatched"
 UNKNOWN = "~unknown"
+# The methods an operation allow-list names for a route that takes any, and for ``~unmatched``.
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 UNSIGNED = "~unsigned"
 

@@ -45,6 +45,7 @@ from askonce.core.naming import path_template
 from askonce.core.wire import Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
+    METHODS,
     UNMATCHED,
     Answer,
     Arrival,
@@ -55,7 +56,7 @@ from askonce.integrations._server import (
     note_failure,
 )
 
-__all__ = ["LEDGER_LOCK", "AskonceASGIMiddleware", "note_failure"]
+__all__ = ["LEDGER_LOCK", "AskonceASGIMiddleware", "note_failure", "route_operations"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -416,6 +417,35 @@ def _routes_of(app: Any) -> list[Any] | None:
             return routes
         app = getattr(app, "app", None)
     return None
+
+
+def route_operations(app: Any) -> list[str]:
+    """Every operation name the default ``operation`` gives a request to ``app`` (Starlette,
+    FastAPI: its route table, mounts included): each route's template with each of its methods
+    (``"GET /items/{item_id}"``), a mount's ``/{path:path}``, and ``"GET ~unmatched"`` and the like.
+    For an allow-list such as the Prometheus collector's ``operations=``; empty when ``app`` has no
+    route table (the names then come from the path)."""
+    routes = _routes_of(app)
+    if routes is None:
+        return []
+    names = {f"{m} {UNMATCHED}" for m in METHODS}
+    _templates(routes, "", 0, names)
+    return sorted(names)
+
+
+def _templates(routes: list[Any], prefix: str, depth: int, out: set[str]) -> None:
+    for route in routes:  # as _match reads them
+        path = getattr(route, "path", None)
+        if not isinstance(path, str) or getattr(route, "matches", None) is None:
+            continue
+        template = prefix + path
+        inner = getattr(route, "routes", None)
+        if isinstance(inner, list):  # a mount: its routes, and what none of them serves
+            out.update(f"{m} {template}/{{path:path}}" for m in METHODS)
+            if inner and depth < _MAX_DEPTH:
+                _templates(inner, template, depth + 1, out)
+        elif hasattr(route, "methods"):  # an HTTP route (None: it takes any method)
+            out.update(f"{m} {template}" for m in route.methods or METHODS)
 
 
 def _match(routes: list[Any], scope: Scope, prefix: str, depth: int) -> str | None:

@@ -30,6 +30,7 @@ from askonce.core.naming import path_template
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
+    METHODS,
     UNMATCHED,
     Answer,
     Arrival,
@@ -40,7 +41,7 @@ from askonce.integrations._server import (
     note_failure,
 )
 
-__all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "note_failure"]
+__all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "note_failure", "route_operations"]
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
@@ -255,6 +256,20 @@ class _SizedBody(_Body):
 
 
 # --- Flask, without importing it unless the app is one --------------------------------------------
+
+
+def route_operations(app: Any) -> list[str]:
+    """Every operation name the default ``operation`` gives a request to a Flask ``app`` (or its
+    ``wsgi_app``): each URL rule with each of its methods (``"GET /items/<int:item_id>"``), and
+    ``"GET ~unmatched"`` and the like. For an allow-list such as the Prometheus collector's
+    ``operations=``; empty for another WSGI app (the names then come from the path)."""
+    flask_app = _flask_of(app)
+    if flask_app is None:
+        return []
+    names = {f"{m} {UNMATCHED}" for m in METHODS}
+    for rule in flask_app.url_map.iter_rules():
+        names.update(f"{m} {rule.rule}" for m in rule.methods or METHODS)
+    return sorted(names)
 
 
 def _flask_of(app: Any) -> Any:
