@@ -72,17 +72,27 @@ def test_figures_per_operation(setup: tuple[MemoryLedger, Clock, CollectorRegist
     assert value(s, "askonce_ledger_report_errors_total") == 0
 
 
-def test_counters_never_go_down_when_windows_roll_and_leave_the_report(
-        setup: tuple[MemoryLedger, Clock, CollectorRegistry]) -> None:
-    ledger, clock, registry = setup
-    seen: list[float] = []
+def test_counters_never_go_down_when_windows_roll_and_leave_the_report() -> None:
+    ledger = MemoryLedger(LedgerPolicy(window=10.0, windows_kept=1))
+    clock = Clock(1.0)
+    listed, unlisted = CollectorRegistry(), CollectorRegistry()
+    register(ledger, listed, clock=clock, operations=["op"])
+    register(ledger, unlisted, clock=clock)
+    seen: list[float | None] = []
+    seen_unlisted: list[float | None] = []
     for t, n in [(1.0, 3), (5.0, 2), (12.0, 4), (25.0, 1), (41.0, 0), (60.0, 5)]:
         for i in range(n):
             ledger.record(t, "op", key=f"k{t}-{i}", edge=True)
         clock.now = t
-        got = value(scrape(registry), "askonce_ledger_arrivals_total", operation="op", kind="attributable")
-        seen.append(got or 0.0)
+        for registry, out in ((listed, seen), (unlisted, seen_unlisted)):
+            out.append(value(scrape(registry), "askonce_ledger_arrivals_total", operation="op",
+                             kind="attributable"))
     assert seen == [3, 5, 9, 10, 10, 15]  # windows 0 and 10 left the report on the way: still counted
+    # Unlisted, "op" is forgotten when no window shows it (t=41) and starts again when it comes
+    # back (a counter reset after a gap, to Prometheus); its total is not moved to ~other.
+    assert seen_unlisted == [3, 5, 9, 10, None, 5]
+    assert value(scrape(unlisted), "askonce_ledger_arrivals_total", operation="~other",
+                 kind="attributable") is None
     assert ledger.report(60.0).totals().arrivals == 5
 
 
@@ -106,22 +116,65 @@ def test_a_failing_report_keeps_the_counters_and_counts_the_failure() -> None:
     assert (value(s, "askonce_events_total", event="prometheus.report.error") or 0) >= 1
 
 
-def test_labels_are_bounded() -> None:
+def operations_of(samples: Samples) -> set[str]:
+    return {dict(labels)["operation"] for name, labels in samples
+            if name == "askonce_ledger_arrivals_total"}
+
+
+def test_unlisted_names_take_free_slots_and_leave_with_their_windows() -> None:
     ledger = MemoryLedger(LedgerPolicy(window=1.0, windows_kept=3))
     registry = CollectorRegistry()
     clock = Clock()
-    registry.register(LedgerCollector(ledger, clock=clock, max_operations=3, max_events=2))
+    registry.register(LedgerCollector(ledger, clock=clock, max_operations=3))
+    found = []
     for t in range(6):  # a new operation name in every window: the ledger's own bound does not stop these
         ledger.record(float(t), f"op{t}", key="k", edge=True)
         clock.now = float(t)
         s = scrape(registry)
-    operations = {dict(labels)["operation"] for name, labels in s if name == "askonce_ledger_arrivals_total"}
-    assert operations == {"op0", "op1", "op2", "~other"}
-    assert value(s, "askonce_ledger_arrivals_total", operation="~other", kind="attributable") == 3
-    for i in range(4):
+        found.append(operations_of(s))
+    # op3 came while three names held the slots; op0 and op1 left the report with their windows
+    assert found[3] == {"op0", "op1", "op2", "~other"}
+    assert found[5] == {"op2", "op4", "op5", "~other"}
+    assert value(s, "askonce_ledger_arrivals_total", operation="~other", kind="attributable") == 1
+
+
+def test_listed_names_and_those_askonce_writes_are_the_only_labels() -> None:
+    ledger = MemoryLedger(LedgerPolicy(window=10.0))
+    registry = CollectorRegistry()
+    register(ledger, registry, clock=Clock(1.0), operations=["GET /items/{id}"], layers=["gw"],
+             origins=["api"], reasons=["buffer-full"])
+    for op, layer, origin in [("GET /items/{id}", "gw", "api"), ("GET /evil", "evil", "evil"),
+                              ("GET /items/{id}", "gw2", "~unsigned"), ("~unknown", "gw", None)]:
+        ledger.record(1.0, op, key=f"k-{layer}", origin=origin, path=((layer, 2),))
+    ledger.note_dropped(2, "buffer-full")
+    ledger.note_dropped(3, "someone-elses")
+    s = scrape(registry)
+    assert operations_of(s) == {"GET /items/{id}", "~other", "~unknown"}
+    retries = {tuple(dict(labels)[k] for k in ("operation", "layer")): v
+               for (name, labels), v in s.items() if name == "askonce_ledger_retries_total"}
+    assert retries == {("GET /items/{id}", "gw"): 1, ("GET /items/{id}", "~other"): 1,
+                       ("~other", "~other"): 1, ("~unknown", "gw"): 1}
+    reminted = {tuple(dict(labels)[k] for k in ("operation", "origin")): v
+                for (name, labels), v in s.items() if name == "askonce_ledger_reminted_total"}
+    assert reminted == {("GET /items/{id}", "api"): 1, ("GET /items/{id}", "~unsigned"): 1,
+                        ("~other", "~other"): 1, ("~unknown", "~unknown"): 1}
+    assert value(s, "askonce_ledger_dropped_total", reason="buffer-full") == 2
+    assert value(s, "askonce_ledger_dropped_total", reason="~other") == 3
+
+
+def test_event_names_keep_their_labels_once_given() -> None:
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(report=_report, max_events=2))
+    for i in range(3):
         count(f"test.prometheus.event{i}")
-    events = {dict(labels)["event"] for name, labels in scrape(registry) if name == "askonce_events_total"}
-    assert len(events) == 3 and "~other" in events
+    first = {dict(labels)["event"]: v for (name, labels), v in scrape(registry).items()
+             if name == "askonce_events_total"}
+    count("0.test.prometheus.sorts-first")  # a new name, sorted before every label given
+    then = {dict(labels)["event"]: v for (name, labels), v in scrape(registry).items()
+            if name == "askonce_events_total"}
+    assert len(first) == 3 and set(then) == set(first)
+    assert then["~other"] == first["~other"] + 1
+    assert all(then[e] >= n for e, n in first.items())
 
 
 def test_registering_reads_no_report_and_options_are_checked() -> None:
@@ -135,6 +188,8 @@ def test_registering_reads_no_report_and_options_are_checked() -> None:
         LedgerCollector(MemoryLedger(), max_operations=0)
     with pytest.raises(ValueError):
         LedgerCollector(MemoryLedger(), prefix="9bad-name")
+    with pytest.raises(ValueError):
+        LedgerCollector(MemoryLedger(), max_names=0)
 
 
 def _report(now: float) -> Any:
@@ -148,6 +203,11 @@ MISCONFIGURED: list[Any] = [
     pytest.param(lambda: LedgerCollector(report=5), id="report not callable"),  # type: ignore[arg-type]
     pytest.param(lambda: LedgerCollector(report=_report, clock=5), id="clock not callable"),  # type: ignore[arg-type]
     pytest.param(lambda: LedgerCollector(report=_report, events="no"), id="events not a bool"),  # type: ignore[arg-type]
+    pytest.param(lambda: LedgerCollector(report=_report, operations="GET /"), id="operations str"),
+    pytest.param(lambda: LedgerCollector(report=_report, layers=5),  # type: ignore[arg-type]
+                 id="layers not a list"),
+    pytest.param(lambda: LedgerCollector(report=_report, origins=[b"o"]),  # type: ignore[list-item]
+                 id="origins not str"),
 ]
 
 
