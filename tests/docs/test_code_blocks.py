@@ -6,7 +6,8 @@ What each kind of block gets:
   each other, as a reader following the page does (docs/integrations.md builds ``app`` in one block
   and wraps it in the next, docs/ledger.md imports ``LedgerPolicy`` once). After a block runs, every
   global name its functions and lambdas read must exist: a handler's NameError would otherwise wait
-  for a request that never comes.
+  for a request that never comes. As in a fresh interpreter, the main thread has an event loop
+  (one per page: ``grpc.aio`` objects made at a block's top level need one).
 * ``bash``, ``sh``, ``shell``, ``console`` (its ``$ `` lines): ``bash -n``, then each command is
   checked: ``pip install`` is not run, but every extra of ``askonce[...]`` or ``.[...]`` must be one
   of pyproject.toml's, and any other package one that pyproject.toml names; ``python FILE`` and
@@ -55,6 +56,7 @@ in.
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
 import contextlib
 import importlib.util
@@ -590,6 +592,7 @@ class PageRun:
     namespace: dict[str, Any]
     next: int = 0  # the index, among the page's blocks, of the next block to run
     failed: list[str] = field(default_factory=list)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
 
 class Pages:
@@ -600,12 +603,14 @@ class Pages:
         self.cache = tmp.mktemp("docs-cache")
         self.served: list[Any] = []
         self.runs: dict[str, PageRun] = {}
+        self.loops: list[asyncio.AbstractEventLoop] = []
 
     def fresh(self, page: str) -> PageRun:
         cwd = self.tmp.mktemp(re.sub(r"\W", "-", page))
         name = "docs_" + re.sub(r"\W", "_", page)
         run = PageRun({"__name__": name, "docs": Docs(cwd, self.served)})
         self.runs[page] = run
+        self.loops.append(run.loop)
         return run
 
     def run(self, block: Block, request: pytest.FixtureRequest) -> None:
@@ -619,20 +624,24 @@ class Pages:
         for earlier in blocks[run.next:index]:  # a block run alone: the blocks above it first
             if earlier.lang in PYTHON + SHELL and earlier.marks.skip is None:
                 try:
-                    self.one(earlier, run.namespace)
+                    self.one(earlier, run)
                 except Exception as exc:
                     run.failed.append(f"{earlier.id}: {exc!r}")
         run.next = index + 1
         try:
-            self.one(block, run.namespace)
+            self.one(block, run)
         except BaseException as exc:
             if run.failed:
                 exc.add_note("earlier blocks of the page failed: " + "; ".join(run.failed))
             raise
 
-    def python(self, block: Block, namespace: dict[str, Any]) -> None:
-        with self.marked(block, namespace) as source:
-            run_python(block, source, namespace)
+    def python(self, block: Block, run: PageRun) -> None:
+        asyncio.set_event_loop(run.loop)
+        try:
+            with self.marked(block, run.namespace) as source:
+                run_python(block, source, run.namespace)
+        finally:
+            asyncio.set_event_loop(None)
 
     @contextlib.contextmanager
     def marked(self, block: Block, namespace: dict[str, Any]) -> Iterator[str]:
@@ -651,9 +660,10 @@ class Pages:
             if block.marks.teardown:
                 run_code(block.marks.teardown, namespace, where.replace("setup", "teardown"), 1)
 
-    def one(self, block: Block, namespace: dict[str, Any]) -> None:
+    def one(self, block: Block, run: PageRun) -> None:
+        namespace = run.namespace
         if block.lang in PYTHON:
-            self.python(block, namespace)
+            self.python(block, run)
         elif block.lang in SHELL:
             script = console_script(block.text) if block.lang == "console" else block.text
             syntax = bash_syntax(script)
@@ -686,6 +696,8 @@ class Pages:
         for server, thread in self.served:
             server.should_exit = True
             thread.join(10)
+        for loop in self.loops:
+            loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -777,22 +789,22 @@ def test_a_page_that_breaks_the_convention_is_refused(markdown: str, says: str) 
 def unit_block(pages: Pages, markdown: str) -> None:
     """Check the one block of ``markdown`` as test_block would, in a namespace of its own."""
     (block,) = extract("unit.md", markdown)
-    pages.one(block, pages.fresh("unit.md").namespace)
+    pages.one(block, pages.fresh("unit.md"))
 
 
 def test_the_unit_page_runs(pages: Pages) -> None:  # so the failures below are the breaks' own
-    namespace = pages.fresh("unit.md").namespace
+    run = pages.fresh("unit.md")
     for block in extract("unit.md", UNIT):
-        pages.one(block, namespace)
-    assert namespace["answer"] == 42
+        pages.one(block, run)
+    assert run.namespace["answer"] == 42
 
 
 def test_a_real_block_broken_fails(pages: Pages) -> None:
     (readme,) = [b for b in BLOCKS if b.page == "README.md" and b.lang == "python"]
-    pages.one(readme, pages.fresh("unit.md").namespace)
+    pages.one(readme, pages.fresh("unit.md"))
     broken = Block(readme.page, readme.line, "python", readme.text.replace("import askonce\n", ""))
     with pytest.raises(NameError, match="askonce"):
-        pages.one(broken, pages.fresh("unit.md").namespace)
+        pages.one(broken, pages.fresh("unit.md"))
 
 
 @pytest.mark.parametrize(("code", "error"), [
