@@ -4,10 +4,11 @@ What each kind of block gets:
 
 * ``python``: executed. The python blocks of one page run in order in one namespace and build on
   each other, as a reader following the page does (docs/integrations.md builds ``app`` in one block
-  and wraps it in the next, docs/ledger.md imports ``LedgerPolicy`` once). After a block runs, every
-  global name its functions and lambdas read must exist: a handler's NameError would otherwise wait
-  for a request that never comes. As in a fresh interpreter, the main thread has an event loop
-  (one per page: ``grpc.aio`` objects made at a block's top level need one).
+  and wraps it in the next, docs/ledger.md imports ``LedgerPolicy`` once); so a block may use what
+  an earlier block of its page imported. After a block runs, every global name its functions and
+  lambdas read must exist: a handler's NameError would otherwise wait for a request that never
+  comes. As in a fresh interpreter, the main thread has an event loop (one per page: ``grpc.aio``
+  objects made at a block's top level need one).
 * ``bash``, ``sh``, ``shell``, ``console`` (its ``$ `` lines): ``bash -n``, then each command is
   checked: ``pip install`` is not run, but every extra of ``askonce[...]`` or ``.[...]`` must be one
   of pyproject.toml's, and any other package one that pyproject.toml names; ``python FILE`` and
@@ -17,7 +18,8 @@ What each kind of block gets:
   commands run for real (``python -m askonce`` from this checkout); every other ``python``, ``pip``
   and ``bash`` command is a stub that does nothing (shell utilities such as ``awk`` do run). The
   functions a shell block defines are defined in the page's later ones (docs/results.md's
-  ``recap``). An ``askonce demo`` command runs once per session however many blocks show it.
+  ``recap``). An ``askonce demo`` command runs once per module however many blocks show it (the same
+  arguments after the pages' replacements: README.md, docs/demo.md and docs/results.md run one).
 * ``json``: parsed.
 * no language, ``text``: output, not run. Where it makes a claim that can be checked cheaply it is
   checked: an ``askonce-question:`` / ``askonce-reply:`` line (or a bare ``v=1, ...`` value) must
