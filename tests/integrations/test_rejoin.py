@@ -90,11 +90,13 @@ def callee(kind: str, join: bool) -> Iterator[tuple[str, Work, Ledger]]:
             yield url, work, ledger
 
 
-def client(attempts: int = 4) -> httpx.Client:
-    policy = ClientPolicy(layer="svc", bucket=None, attempt_timeout=TIMEOUT,
+def client(attempts: int = 4, *, own: bool = False) -> httpx.Client:
+    """The caller: each try limited to ``TIMEOUT``, by the framework's own read timeout, or
+    (``own``) by the policy's ``attempt_timeout`` with httpx's 5 s."""
+    policy = ClientPolicy(layer="svc", bucket=None, attempt_timeout=TIMEOUT if own else None,
                           retry=askonce.RetryPolicy(attempts=attempts))
     return httpx.Client(transport=AskonceTransport(httpx.HTTPTransport(), policy=policy),
-                        timeout=5.0)
+                        timeout=5.0 if own else TIMEOUT)
 
 
 def _arrivals(ledger: Ledger) -> int:
@@ -131,7 +133,7 @@ def test_a_timed_out_try_rejoins_the_run_in_flight(kind: str, method: str) -> No
 
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])
 def test_toward_a_callee_that_does_not_join_a_timed_out_try_stays_lost(kind: str) -> None:
-    with callee(kind, join=False) as (url, work, _), client() as http:
+    with callee(kind, join=False) as (url, work, _), client(own=True) as http:
         with askonce.question(budget=3, deadline=10.0):
             http.get(url + "/warm")
         with askonce.question(budget=3, deadline=10.0) as q:
@@ -140,6 +142,22 @@ def test_toward_a_callee_that_does_not_join_a_timed_out_try_stays_lost(kind: str
             left = _left()
     assert isinstance(lost.value.__cause__, httpx.TimeoutException)
     assert work.runs[q.key] == 1 and left == 0  # fail closed: the callee may have spent it all
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_toward_a_callee_that_joins_the_policys_attempt_timeout_gives_way_to_waiting(
+        kind: str) -> None:
+    """The callee answers by the deadline it is given (the question's): the caller waits for it
+    instead of timing out into a re-attach, so the question arrives once."""
+    with callee(kind, join=True) as (url, work, ledger), client(own=True) as http:
+        with askonce.question(budget=3, deadline=10.0):
+            http.get(url + "/warm")
+        before = _arrivals(ledger)
+        with askonce.question(budget=3, deadline=10.0) as q:
+            response = http.get(url + "/q")
+            left = _left()
+    assert response.status_code == 200 and work.runs[q.key] == 1
+    assert _arrivals(ledger) - before == 1 and left == 3
 
 
 def test_a_question_with_no_budget_does_not_rejoin() -> None:

@@ -241,9 +241,11 @@ class _Call:
             self.bucket.deposit()
 
     def limit(self, policy: ClientPolicy, now: float) -> float | None:
-        """An attempt waits at most its own timeout, the policy's, and the question's deadline."""
+        """An attempt waits at most its own timeout, the policy's, and the question's deadline.
+        Toward a callee that joins, the policy's is not applied: the callee answers by the
+        deadline it is given, so this layer waits for it instead of timing out into retries."""
         limit = self.exchange.timeout
-        cap = policy.attempt_timeout
+        cap = None if self.joins else policy.attempt_timeout
         if cap is not None and (limit is None or cap < limit):
             limit = cap
         deadline = self.tab.deadline

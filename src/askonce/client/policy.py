@@ -55,9 +55,11 @@ class ClientPolicy:
     its answer at that deadline is a do-not-retry, and an attempt that times out is lost and its
     forwarded budget forfeited (fail closed): timeouts are not retried.
     ``rejoin`` (on by default): toward a target whose replies say it joins (``askonce-reply`` member
-    ``j``), an attempt is given the question's whole time left, and a timed-out try is retried as a
-    re-attach to the work still in flight there (``core.retry.RetryState.on_failure``), unsafe
-    methods too; toward any other target a timed-out try stays lost.
+    ``j``), an attempt is given the question's whole time left and waits for it (``attempt_timeout``
+    is not applied: the callee answers by that deadline), and a try that still times out (the
+    framework's own timeout) is retried as a re-attach to the work in flight there
+    (``core.retry.RetryState.on_failure``), unsafe methods too; toward any other target a timed-out
+    try stays lost.
     """
 
     layer: str = "client"

@@ -97,7 +97,10 @@ class Layer:
                     store=store)
             else:
                 transport = httpx.AsyncHTTPTransport(limits=LIMITS, verify=False)
-            self.clients.append(httpx.AsyncClient(transport=transport, timeout=settings.timeout,
+            # askonce: each try is limited by the policy's attempt_timeout (not toward a callee
+            # that joins: this layer then waits for it) and the question's deadline.
+            timeout = None if settings.mode == "askonce" else settings.timeout
+            self.clients.append(httpx.AsyncClient(transport=transport, timeout=timeout,
                                                   trust_env=False))
         for client in old:
             await client.aclose()

@@ -292,7 +292,10 @@ class Sim:
         layer = c.layer
         assert layer is not None
         child = Call(c.asked, layer.nxt, c)
-        timeout = self._timeout
+        # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
+        # own, the question's deadline only.
+        rejoins = self._rejoins(c)
+        timeout = None if rejoins else self._timeout
         if self._propagate:
             child.budget = c.state.forward()
             deadline = c.tab.deadline
@@ -300,7 +303,7 @@ class Sim:
             # the tighter of deadline and patience
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child.remaining = c.state.given(rem, self.policy.grace, now, self._rejoins(c))
+            child.remaining = c.state.given(rem, self.policy.grace, now, rejoins)
             child.path = (*c.path, act.hop)
         c.out = child
         c.sent = now
