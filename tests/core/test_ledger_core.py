@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from askonce.core.ledger import OTHER, Kind, Ledger, LedgerPolicy, OperationReport, Report
+from askonce.core.ledger.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.state import HLL_PRECISION
 from askonce.ledger.store import MemoryLedger
 from ledger_memory import measure_bytes_per_key
 
@@ -686,3 +688,25 @@ def test_merge_folds_operations_beyond_the_limit() -> None:
     b.record(1.0, "z", key="3", edge=True)
     a.merge(b)
     assert [o.operation for o in a.report(1.0).operations] == ["x", "y", OTHER]
+
+
+def test_the_sketches_hold_what_one_add_per_spilled_arrival_in_order_holds() -> None:
+    # Past the exact bound arrivals reach the sketches a batch at a time; read between batches or
+    # after, they hold what adding each attributable arrival at once would have.
+    ledger = Ledger(LedgerPolicy(max_exact_keys=50, heavy_keys=1))
+    for i in range(50):
+        ledger.record(1.0, "op", key=f"fill-{i}", edge=True)
+    hll, heavy = HyperLogLog(HLL_PRECISION), Frequent[tuple[str, str]](ledger._heavy_k)
+    rng = random.Random(5)
+    for i in range(6_000):
+        principal, key, edge = rng.choice(["", "t1"]), f"k{rng.randrange(1_500)}", i % 5 != 0
+        ledger.record(1.0, "op", key=key, edge=edge, principal=principal)
+        if edge:
+            hll.add_hash(digest64(principal, key))
+            heavy.add((principal, key))
+        if i % 777 == 0:
+            ledger.report(1.0)
+    op = ledger._ops["op"]
+    assert op.hll is not None and op.heavy is not None and heavy.offset > 0
+    assert op.hll._registers == hll._registers
+    assert (op.heavy.counts, op.heavy.offset) == (heavy.counts, heavy.offset)

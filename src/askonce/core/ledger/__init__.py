@@ -49,7 +49,9 @@ innocent keys. Heavy keys are listed only when seen more than once.
 
 Memory is bounded by ``(windows_kept + 1) * (max_operations + 1)`` operation-windows, each holding
 at most ``max_exact_keys`` exact entries, at most ``max_paths_per_key`` path digests per entry, one
-16 KiB HyperLogLog and ``max(256, 32 * heavy_keys)`` heavy-key counters. Each exact key costs one
+16 KiB HyperLogLog and ``max(256, 32 * heavy_keys)`` heavy-key counters (and, in the current
+window, at most 256 arrivals past the bound that the sketches take as one batch: reading them takes
+the batch first, so no report sees the difference). Each exact key costs one
 dict slot holding a shared 64-bit digest of its path (plus a small object once it arrives twice);
 the measured bytes per key are in ``docs/ledger.md`` ("Figures"). Operation names beyond
 ``max_operations`` fold into ``"~other"``; layer, origin and drop-reason names beyond ``max_names``
@@ -81,7 +83,7 @@ from askonce.core.ledger.policy import (
 from askonce.core.ledger.report import HeavyKey, Kind, OperationReport, PerKey, Report, Totals
 from askonce.core.ledger.sketch import digest64
 from askonce.core.ledger.state import OTHER as OTHER
-from askonce.core.ledger.state import Entry, OperationState, Table, Window, bump, combine, summarize
+from askonce.core.ledger.state import Entry, OperationState, Window, bump, combine, summarize
 
 __all__ = ["HeavyKey", "Kind", "Ledger", "LedgerPolicy", "OperationReport", "PerKey", "Report",
            "Totals", "window_index"]
@@ -89,6 +91,7 @@ __all__ = ["HeavyKey", "Kind", "Ledger", "LedgerPolicy", "OperationReport", "Per
 UNKNOWN_ORIGIN = "~unknown"
 _PATH_CACHE_SIZE = 4096
 _PATH_CACHE_MAX_HOPS = 64
+_PENDING = 256  # spilled arrivals an operation holds before its sketches take them
 
 Path = tuple[tuple[str, int], ...]
 
@@ -99,8 +102,9 @@ Path = tuple[tuple[str, int], ...]
 class Ledger:
     """Counts and classifies arrivals at the target; see the module docstring."""
 
-    __slots__ = ("_cap", "_closed", "_current", "_dropped", "_end", "_heavy_k", "_max_exact",
-                 "_max_paths", "_names", "_ops", "_paths", "policy")  # fmt: skip
+    __slots__ = ("_cap", "_closed", "_current", "_dropped", "_end", "_heavy_k", "_last_info",
+                 "_last_path", "_max_exact", "_max_paths", "_names", "_ops", "_paths",
+                 "policy")  # fmt: skip
 
     def __init__(self, policy: LedgerPolicy = LedgerPolicy()) -> None:
         self.policy = policy
@@ -118,6 +122,8 @@ class Ledger:
         self._end = -math.inf  # the first record() opens a window
         # path -> (digest, layers that retried)
         self._paths: dict[Path, tuple[int, tuple[str, ...]]] = {}
+        self._last_path: Path | None = None
+        self._last_info: tuple[int, tuple[str, ...]] = (0, ())
         self._dropped: dict[str, int] = {}
 
     def record(
@@ -141,10 +147,14 @@ class Ledger:
         if op is None:
             op = self._operation(operation)
         op.arrivals += 1
-        info = self._paths.get(path)
-        if info is None:
-            info = self._learn(path)
-        digest, retried = info
+        if path is self._last_path:  # callers pass a path they parsed once: the same object
+            digest, retried = self._last_info
+        else:
+            info = self._paths.get(path)
+            if info is None:
+                info = self._learn(path)
+            self._last_path, self._last_info = path, info
+            digest, retried = info
         if retried:
             for layer in retried:
                 bump(op.retries_by, layer, self._names)
@@ -170,17 +180,22 @@ class Ledger:
                 keys[key] = digest
                 op.exact += 1
                 return True
-        return self._first(op, table, edge, principal, key, digest)
-
-    def _first(self, op: OperationState, table: Table, edge: bool, principal: str, key: str,
-               digest: int) -> bool:
-        if op.exact < self._max_exact:
+        elif op.exact < self._max_exact:
             table[principal] = {key: digest}
             op.exact += 1
             return True
-        op.spill(edge, principal, key, 1, self._heavy_k)
+        # Past the exact bound: the sketches.
         if self._cap is not None:
             op.cap_unenforced += 1
+        if edge:
+            pending = op.pending
+            if pending is None:
+                pending = op.sketch(self._heavy_k)
+            pending.append((principal, key))
+            if len(pending) >= _PENDING:
+                op.flush()
+        else:
+            op.overflowed = True
         return True
 
     def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry,
@@ -234,6 +249,8 @@ class Ledger:
                 # Late clock, or float rounding at a window edge: count in the current window.
                 return
             if current.ops:
+                for op in current.ops.values():
+                    op.flush()  # a closed window holds nothing pending
                 self._closed.append(current)
         self._install(Window(index))
 

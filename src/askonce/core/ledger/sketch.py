@@ -15,9 +15,11 @@ Hashes come from :func:`hashlib.blake2b` with 8-byte digests, never from the bui
 
 from __future__ import annotations
 
+import array
 import hashlib
 import math
-from collections.abc import Hashable, Iterable
+import sys
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
@@ -44,27 +46,97 @@ def digest64(*parts: str, person: bytes = b"askonce") -> int:
     return int.from_bytes(h.digest(), "big")
 
 
+# principal -> blake2b already fed the principal's part, for key_digest (bounded: starts over)
+_PRINCIPALS: dict[str, hashlib.blake2b] = {}
+_MAX_PRINCIPALS = 1024
+_LENGTHS = [n.to_bytes(4, "big") for n in range(256)]
+_WORDS_OK = array.array("Q").itemsize == 8  # digests read as machine words, 8 at a time
+
+
+def key_digest(principal: str, key: str) -> int:
+    """``digest64(principal, key)``, the hash the ledger's sketches take, with the principal's part
+    hashed once per principal."""
+    h = _PRINCIPALS.get(principal)
+    if h is None:
+        h = _principal_prefix(principal)
+    h = h.copy()
+    raw = key.encode("utf-8", "surrogatepass")
+    n = len(raw)
+    h.update((_LENGTHS[n] if n < 256 else n.to_bytes(4, "big")) + raw)
+    return int.from_bytes(h.digest(), "big")
+
+
+def key_digests(pairs: Iterable[tuple[str, str]]) -> Sequence[int]:
+    """``key_digest`` of each ``(principal, key)``, in order."""
+    chunks: list[bytes] = []
+    append = chunks.append
+    prefixes = _PRINCIPALS
+    lengths = _LENGTHS
+    for principal, key in pairs:
+        h = prefixes.get(principal)
+        if h is None:
+            h = _principal_prefix(principal)
+        h = h.copy()
+        raw = key.encode("utf-8", "surrogatepass")
+        n = len(raw)
+        h.update((lengths[n] if n < 256 else n.to_bytes(4, "big")) + raw)
+        append(h.digest())
+    if _WORDS_OK:
+        words = array.array("Q", b"".join(chunks))
+        if sys.byteorder == "little":
+            words.byteswap()
+        return words
+    return [int.from_bytes(d, "big") for d in chunks]
+
+
+def _principal_prefix(principal: str) -> hashlib.blake2b:
+    prototype = _PROTOTYPES.get(b"askonce")
+    if prototype is None:
+        prototype = _PROTOTYPES.setdefault(b"askonce", hashlib.blake2b(digest_size=8,
+                                                                       person=b"askonce"))
+    h = prototype.copy()
+    raw = principal.encode("utf-8", "surrogatepass")
+    h.update(len(raw).to_bytes(4, "big") + raw)
+    if len(_PRINCIPALS) >= _MAX_PRINCIPALS:
+        _PRINCIPALS.clear()
+    _PRINCIPALS[principal] = h
+    return h
+
+
 class HyperLogLog:
     """Distinct-count estimate over 64-bit hashes (Flajolet et al. 2007, with linear counting
     below)."""
 
-    __slots__ = ("_registers", "p")
+    __slots__ = ("_mask", "_registers", "_shift", "p")
 
     def __init__(self, p: int = 14) -> None:
         if not 4 <= p <= 18:
             raise ValueError(f"HyperLogLog precision p must be within 4..18, got {p!r}")
         self.p = p
         self._registers = bytearray(1 << p)
+        self._shift = 64 - p
+        self._mask = (1 << (64 - p)) - 1
 
     def add_hash(self, h: int) -> None:
-        p = self.p
-        index = h >> (64 - p)
-        rest = h & ((1 << (64 - p)) - 1)
+        shift = self._shift
         # The rank is the position of the leftmost 1 in the remaining 64 - p bits
         # (all zero: 64 - p + 1).
-        rank = (64 - p) - rest.bit_length() + 1
-        if rank > self._registers[index]:
-            self._registers[index] = rank
+        rank = shift + 1 - (h & self._mask).bit_length()
+        registers = self._registers
+        index = h >> shift
+        if rank > registers[index]:
+            registers[index] = rank
+
+    def add_hashes(self, hashes: Iterable[int]) -> None:
+        shift = self._shift
+        top = shift + 1
+        mask = self._mask
+        registers = self._registers
+        for h in hashes:
+            rank = top - (h & mask).bit_length()
+            index = h >> shift
+            if rank > registers[index]:
+                registers[index] = rank
 
     def merge(self, other: HyperLogLog) -> None:
         if other.p != self.p:
@@ -137,6 +209,20 @@ class Frequent(Generic[T]):
             counts[key] -= cut
         if count > cut:
             counts[item] = count - cut
+
+    def add_each(self, items: Iterable[T]) -> None:
+        """``add(item)`` for each item, in order."""
+        counts = self.counts
+        get = counts.get
+        k = self.k
+        for item in items:
+            have = get(item)
+            if have is not None:
+                counts[item] = have + 1
+            elif len(counts) < k:
+                counts[item] = 1
+            else:
+                self.add(item)
 
     def merge(self, other: Frequent[T]) -> None:
         """Combine two summaries (Agarwal et al. 2012): sum, then cut back to ``k`` counters."""

@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 from askonce.core.ledger.report import HeavyKey, Kind, OperationReport, PerKey, ratio
-from askonce.core.ledger.sketch import Frequent, HyperLogLog, digest64
+from askonce.core.ledger.sketch import Frequent, HyperLogLog, key_digest, key_digests
 
 if TYPE_CHECKING:
     from askonce.core.ledger.policy import LedgerPolicy
@@ -67,8 +67,9 @@ class OperationState:
     """The counters of one operation in one window."""
 
     __slots__ = (
-        "arrivals", "attr", "attributable", "cap_unenforced", "exact", "heavy", "hll", "malformed",
-        "overflowed", "refused", "remint", "reminted", "reminted_by", "retries_by", "unkeyed",
+        "_heavy", "_hll", "arrivals", "attr", "attributable", "cap_unenforced", "exact",
+        "malformed", "overflowed", "pending", "refused", "remint", "reminted", "reminted_by",
+        "retries_by", "unkeyed",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -85,19 +86,62 @@ class OperationState:
         self.remint: Table = {}
         self.reminted_by: dict[str, int] = {}
         self.retries_by: dict[str, int] = {}
-        self.hll: HyperLogLog | None = None
-        self.heavy: Frequent[tuple[str, str]] | None = None
+        self._hll: HyperLogLog | None = None
+        self._heavy: Frequent[tuple[str, str]] | None = None
+        # Attributable arrivals past the exact bound not yet in the sketches, in order: the sketches
+        # take them a batch at a time (reading hll or heavy takes them first).
+        self.pending: list[tuple[str, str]] | None = None
+
+    @property
+    def hll(self) -> HyperLogLog | None:
+        if self.pending:
+            self.flush()
+        return self._hll
+
+    @hll.setter
+    def hll(self, value: HyperLogLog | None) -> None:
+        self._hll = value
+
+    @property
+    def heavy(self) -> Frequent[tuple[str, str]] | None:
+        if self.pending:
+            self.flush()
+        return self._heavy
+
+    @heavy.setter
+    def heavy(self, value: Frequent[tuple[str, str]] | None) -> None:
+        self._heavy = value
+
+    def sketch(self, heavy_k: int) -> list[tuple[str, str]]:
+        """The pending list, with the sketches made if there are none yet."""
+        self.overflowed = True
+        if self._hll is None or self._heavy is None:
+            self._hll = HyperLogLog(HLL_PRECISION)
+            self._heavy = Frequent(heavy_k)
+        pending = self.pending = []
+        return pending
+
+    def flush(self) -> None:
+        """Feed the pending arrivals to the sketches."""
+        items = self.pending
+        if not items:
+            return
+        self.pending = []
+        hll, heavy = self._hll, self._heavy
+        assert hll is not None and heavy is not None
+        hll.add_hashes(key_digests(set(items)))  # a register keeps its maximum: once per key
+        heavy.add_each(items)
 
     def spill(self, edge: bool, principal: str, key: str, n: int, heavy_k: int) -> None:
         self.overflowed = True
         if not edge:
             return  # reminted keys have no distinct count or heavy list to feed
-        if self.hll is None:
-            self.hll = HyperLogLog(HLL_PRECISION)
-            self.heavy = Frequent(heavy_k)
-        assert self.heavy is not None
-        self.hll.add_hash(digest64(principal, key))
-        self.heavy.add((principal, key), n)
+        self.flush()
+        if self._hll is None or self._heavy is None:
+            self._hll = HyperLogLog(HLL_PRECISION)
+            self._heavy = Frequent(heavy_k)
+        self._hll.add_hash(key_digest(principal, key))
+        self._heavy.add((principal, key), n)
 
     def absorb(self, other: OperationState, policy: LedgerPolicy, heavy_k: int) -> None:
         for name in ("arrivals", "attributable", "reminted", "unkeyed", "malformed", "refused",
