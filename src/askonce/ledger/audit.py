@@ -28,6 +28,7 @@ per reason (``askonce.stats()`` ``audit.bad.<reason>``, and as dropped in the re
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gzip
 import json
@@ -41,9 +42,11 @@ from typing import IO, Any
 from askonce import _stats
 from askonce.core import is_int, is_real, wire
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
+from askonce.core.question import Question
 from askonce.core.wire import Limits, Malformed
 
-__all__ = ["AUDIT_POLICY", "AuditResult", "LogFormat", "audit_file", "audit_lines"]
+__all__ = ["AUDIT_POLICY", "ENGINES", "AuditResult", "LogFormat", "audit_file", "audit_lines",
+           "engine_for"]
 
 MAX_LINE = 1 << 20
 AUDIT_POLICY = LedgerPolicy(window=3600.0, windows_kept=23, max_exact_keys=50_000)
@@ -54,6 +57,9 @@ _FIELD = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"|\[([^\]]*)\]|([^\s"\[]\S*)')
 _REQUEST = re.compile(rb"([A-Z]{3,10}) (\S+)(?: HTTP/[0-9.]+)?")
 _ESCAPE = re.compile(r'\\x([0-9A-Fa-f]{2})|\\(["\\])')
 _UNSET = ("", "-")
+
+Parsed = tuple[float, str, Any, Any]
+"""A line read: time, operation, the header's value as logged, the principal's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +175,7 @@ class _Auditor:
         self.last: float | None = None
         self.times = _Times()
         self.regex = re.compile(fmt.regex) if fmt.regex else None
-        self.record = self._jsonl if fmt.kind == "jsonl" else self._nginx
+        self.parse = self._jsonl if fmt.kind == "jsonl" else self._nginx
         self.routes: dict[tuple[bytes, bytes], str] = {}
 
     def fail(self, reason: str) -> None:
@@ -186,42 +192,54 @@ class _Auditor:
         self.last = t if self.last is None or t > self.last else self.last
         principal = (principal if isinstance(principal, str)
                      else "" if principal is None else str(principal))
-        if header is None or header in _UNSET:
+        q = self.question(header)
+        if q is None:
             self.ledger.record(t, operation, key=None, principal=principal)
-            return
+        elif isinstance(q, Malformed):
+            self.ledger.record(t, operation, key=None, principal=principal, malformed=True)
+        else:
+            self.ledger.record(t, operation, key=q.key, edge=q.edge, origin=q.origin,
+                               path=q.path, principal=principal)
+        return None
+
+    def question(self, header: Any) -> Question | Malformed | None:
+        """The header's question; ``None`` for none (unkeyed)."""
+        if header is None or header in _UNSET:
+            return None
         q = (wire.parse_question(header, 0.0, _LIMITS) if isinstance(header, str)
              else Malformed("type"))
-        if isinstance(q, Malformed):
-            self.ledger.record(t, operation, key=None, principal=principal, malformed=True)
-            return
-        edge = q.edge
-        if edge and self.secret is not None:
-            from askonce.core.signing import verify_edge
+        if isinstance(q, Malformed) or not q.edge or self.secret is None:
+            return q
+        from askonce.core.signing import verify_edge
 
-            edge = verify_edge(header, self.secret)
-        self.ledger.record(t, operation, key=q.key, edge=edge, origin=q.origin, path=q.path,
-                           principal=principal)
+        return q if verify_edge(header, self.secret) else dataclasses.replace(q, edge=False)
 
-    def _jsonl(self, line: bytes) -> None:
+    def record(self, line: bytes) -> None:
+        got = self.parse(line)
+        if isinstance(got, str):
+            self.fail(got)
+        else:
+            self.arrival(*got)
+
+    def _jsonl(self, line: bytes) -> Parsed | str:
         try:
             obj = json.loads(line)
         except ValueError:
-            return self.fail("json")
+            return "json"
         if not isinstance(obj, dict):
-            return self.fail("json")
+            return "json"
         fmt = self.fmt
         t = self.times(obj.get(fmt.time_field))
         if t is None:
-            return self.fail("time")
+            return "time"
         operation = obj.get(fmt.operation_field)
         if not isinstance(operation, str):
             method, path = obj.get("method"), obj.get("path")
             operation = (_operation(method, path)
                          if isinstance(method, str) and isinstance(path, str) else "~unknown")
-        self.arrival(t, operation, obj.get(fmt.question_field), obj.get(fmt.principal_field))
-        return None
+        return t, operation, obj.get(fmt.question_field), obj.get(fmt.principal_field)
 
-    def _nginx(self, line: bytes) -> None:
+    def _nginx(self, line: bytes) -> Parsed | str:
         if self.regex is not None:
             return self._by_regex(line.decode("utf-8", "replace"))
         # Fields stay bytes until one is needed: decoding and unescaping all of them would cost more
@@ -261,13 +279,12 @@ class _Auditor:
                 elif kind == 1 and request is None:
                     request = _REQUEST.fullmatch(raw)
         if t is None:
-            return self.fail("time")
+            return "time"
         operation = ("~unknown" if request is None
                      else self._route(request.group(1), request.group(2)))
-        self.arrival(t, operation,
-                     None if header is None else _unescape(header.decode("utf-8", "replace")),
-                     None if principal is None else _unescape(principal.decode("utf-8", "replace")))
-        return None
+        return (t, operation,
+                None if header is None else _unescape(header.decode("utf-8", "replace")),
+                None if principal is None else _unescape(principal.decode("utf-8", "replace")))
 
     def _route(self, method: bytes, path: bytes) -> str:
         found = self.routes.get((method, path))
@@ -278,23 +295,21 @@ class _Auditor:
                                                              path.decode("utf-8", "replace"))
         return found
 
-    def _by_regex(self, text: str) -> None:
+    def _by_regex(self, text: str) -> Parsed | str:
         assert self.regex is not None
         m = self.regex.search(text)
         if m is None:
-            return self.fail("regex")
+            return "regex"
         g = m.groupdict()
         t = self.times(g.get("time"))
         if t is None:
-            return self.fail("time")
+            return "time"
         operation = g.get("operation")
         if operation is None:
             method, path = g.get("method"), g.get("path")
             operation = _operation(method, path) if method and path else "~unknown"
         header = g.get("question")
-        self.arrival(t, operation, None if header is None else _unescape(header),
-                     g.get("principal"))
-        return None
+        return t, operation, None if header is None else _unescape(header), g.get("principal")
 
 
 def _lines(stream: IO[bytes]) -> Iterator[bytes | None]:
@@ -330,6 +345,10 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
             record(line)
         else:
             n -= 1  # blank lines are no arrivals and no errors
+    return _result(auditor, n)
+
+
+def _result(auditor: _Auditor, n: int) -> AuditResult:
     for reason, count in auditor.bad.items():
         auditor.ledger.note_dropped(count, f"bad line: {reason}")
         _stats.count(f"audit.bad.{reason}", count)
@@ -338,11 +357,49 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
                        auditor.last)
 
 
+ENGINES = ("auto", "polars", "python")
+"""``auto``: polars when it is installed (the ``audit`` extra) and reads the format, else Python."""
+
+
+def engine_for(engine: str, fmt: LogFormat,
+               secret: bytes | str | Sequence[bytes | str] | None = None) -> Any:
+    """The polars engine's module, or ``None`` for the line-by-line reader; ``ValueError`` if
+    ``engine`` is ``"polars"`` and it cannot read this format or is not installed."""
+    if engine not in ENGINES:
+        raise ValueError(f"audit engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "python":
+        return None
+    try:
+        from askonce.ledger import _polars
+    except ImportError:
+        if engine == "polars":
+            raise ValueError("the polars engine needs polars: pip install 'askonce[audit]'"
+                             ) from None
+        return None
+    if not _polars.supports(fmt, secret):
+        if engine == "polars":
+            raise ValueError("the polars engine reads neither --regex, --field, "
+                             "--principal-index nor --secret-env: use --engine python")
+        return None
+    return _polars
+
+
 def audit_file(path: str, fmt: LogFormat = LogFormat(), policy: LedgerPolicy = AUDIT_POLICY,
-               secret: bytes | str | Sequence[bytes | str] | None = None) -> AuditResult:
-    """Audit a file (``.gz`` is decompressed on the fly; ``-`` is stdin), streaming."""
+               secret: bytes | str | Sequence[bytes | str] | None = None,
+               engine: str = "auto") -> AuditResult:
+    """Audit a file (``.gz`` is decompressed on the fly; ``-`` is stdin), streaming. ``engine``:
+    see :data:`ENGINES`; both give the same result."""
+    fast = engine_for(engine, fmt, secret)
     if path == "-":
-        return audit_lines(_lines(sys.stdin.buffer), fmt, policy, secret)
+        return _audit_stream(sys.stdin.buffer, fmt, policy, secret, fast)
     opener: Any = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as stream:
+        return _audit_stream(stream, fmt, policy, secret, fast)
+
+
+def _audit_stream(stream: IO[bytes], fmt: LogFormat, policy: LedgerPolicy,
+                  secret: bytes | str | Sequence[bytes | str] | None, fast: Any) -> AuditResult:
+    if fast is None:
         return audit_lines(_lines(stream), fmt, policy, secret)
+    auditor = _Auditor(fmt, policy, secret)
+    return _result(auditor, fast.audit_stream(stream, auditor))

@@ -74,6 +74,9 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="closed windows reported before the last (default 23)")
     p.add_argument("--max-exact-keys", type=int, default=AUDIT_POLICY.max_exact_keys,
                    help="exact keys per operation and window; beyond: estimates (default 50000)")
+    p.add_argument("--engine", choices=["auto", "polars", "python"], default="auto",
+                   help="polars (pip install 'askonce[audit]') or the line-by-line reader; auto: "
+                   "polars when installed and it reads the format. Both give the same figures")
     p.add_argument("--secret-env", metavar="VAR",
                    help="environment variable holding the edge-key signing "
                    "secret: e counts only with a valid signature")
@@ -158,7 +161,7 @@ def _from_url(url: str, timeout: float) -> dict[str, Any]:
 
 def _audit(args: argparse.Namespace) -> int:
     from askonce.core.ledger import LedgerPolicy
-    from askonce.ledger.audit import LogFormat, audit_file
+    from askonce.ledger.audit import LogFormat, audit_file, engine_for
 
     try:  # the flags: a usage error (2)
         fmt = LogFormat(kind=args.format, question_field=args.question_field,
@@ -167,6 +170,7 @@ def _audit(args: argparse.Namespace) -> int:
                         principal_index=args.principal_index, regex=args.regex)
         policy = LedgerPolicy(window=args.window, windows_kept=args.windows_kept,
                               max_exact_keys=args.max_exact_keys)
+        engine_for(args.engine, fmt, args.secret_env)
     except ValueError as exc:
         print(f"askonce audit: {exc}", file=sys.stderr)
         return 2
@@ -177,7 +181,7 @@ def _audit(args: argparse.Namespace) -> int:
             if not secret:
                 raise ValueError(f"environment variable {args.secret_env} is not set")
         started = time.perf_counter()
-        result = audit_file(args.file, fmt, policy, secret)
+        result = audit_file(args.file, fmt, policy, secret, args.engine)
         elapsed = time.perf_counter() - started
     except (OSError, ValueError) as exc:
         print(f"askonce audit: {exc}", file=sys.stderr)

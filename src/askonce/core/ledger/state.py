@@ -132,6 +132,17 @@ class OperationState:
         hll.add_hashes(key_digests(set(items)))  # a register keeps its maximum: once per key
         heavy.add_each(items)
 
+    def spill_each(self, items: list[tuple[str, str]], heavy_k: int) -> None:
+        """One attributable arrival past the exact bound for each ``(principal, key)``, in
+        order."""
+        if self.pending is None:
+            self.sketch(heavy_k)
+        self.flush()
+        hll, heavy = self._hll, self._heavy
+        assert hll is not None and heavy is not None
+        hll.add_hashes(key_digests(set(items)))
+        heavy.add_each(items)
+
     def spill(self, edge: bool, principal: str, key: str, n: int, heavy_k: int) -> None:
         self.overflowed = True
         if not edge:
