@@ -13,6 +13,7 @@ window edge within float rounding) is recorded arrival by arrival.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import re
@@ -210,6 +211,10 @@ def _read_json(text: pl.Series, layouts: _Layouts) -> pl.DataFrame:
     frame = frame.with_columns(*hits, (raw.str.len_bytes() == raw.str.len_chars()).alias("ascii"))
     values = []
     for name, key in fields.items():
+        if not any(name in has for _, has in layouts.layouts):
+            values += [pl.lit(None, dtype=pl.String).alias(name),
+                       pl.lit(False).alias(f"has_{name}")]
+            continue
         present = pl.lit(False)
         for j, (_, has) in enumerate(layouts.layouts):
             if name in has:
@@ -381,8 +386,13 @@ class _Engine:
         self.path_info: list[tuple[int, tuple[str, ...]]] = []
         self.text_paths: dict[str, int] = {}
         self.time_texts: dict[str, float | None] = {}
+        self.exact_keys: dict[OperationState, tuple[int, pl.DataFrame]] = {}
 
     def chunk(self, chunk: bytes) -> None:
+        self._finish(*self.read(chunk))
+
+    def read(self, chunk: bytes) -> tuple[pl.DataFrame, list[bytes]]:
+        """The chunk's lines as columns (no ledger, no auditor: another thread may run it)."""
         lines, text = _lines(chunk)
         if self.json:
             for i in range(0, len(lines), max(1, len(lines) // 8)):
@@ -390,9 +400,7 @@ class _Engine:
             frame = _read_json(text, self.layouts)
         else:
             frame = _read_nginx(text)
-        frame = self._states(frame)
-        frame = _headers(frame)
-        self._finish(frame, lines)
+        return _headers(self._states(frame)), lines
 
     def _states(self, frame: pl.DataFrame) -> pl.DataFrame:
         raw = pl.col("raw")
@@ -591,6 +599,7 @@ class _Engine:
         for name in names:
             op = ledger._ops.get(name)
             ops.append(op if op is not None else ledger._operation(name))
+        self.exact_keys = {op: v for op, v in self.exact_keys.items() if op in ledger._ops.values()}
         rows = rows.with_columns(
             pl.col("op").replace_strict({n: j for j, n in enumerate(names)},
                                         return_dtype=pl.UInt32).alias("opi"))
@@ -647,8 +656,24 @@ class _Engine:
                 several.setdefault(g, []).append((d, c))
         max_exact, max_paths, cap = policy.max_exact_keys, policy.max_paths_per_key, policy.cap
         spilled: list[int] = []
-        columns = (groups.get_column(c).to_list() for c in ("opi", "edge", "pr", "key", "n", "d0"))
-        for g, (opi, edge, pr, key, n, d0) in enumerate(zip(*columns, strict=True)):
+        groups = groups.with_row_index("g")
+        full = [j for j, op in enumerate(ops) if op.exact >= max_exact]
+        if full:
+            # An operation already full: its new keys all go to the sketches, found without Python.
+            known = self._exact(ops, full)
+            groups = groups.join(known, on=["opi", "edge", "pr", "key"], how="left",
+                                 maintain_order="left")
+            quick = pl.col("opi").is_in(full) & pl.col("known").is_null()
+            past = groups.filter(quick)
+            for opi, n in past.group_by("opi").agg(pl.col("n").sum()).iter_rows():
+                ops[opi].overflowed = True
+                if cap is not None:
+                    ops[opi].cap_unenforced += n
+            spilled += past.filter(pl.col("edge")).get_column("g").to_list()
+            groups = groups.filter(~quick)
+        columns = (groups.get_column(c).to_list() for c in ("g", "opi", "edge", "pr", "key", "n",
+                                                             "d0"))
+        for g, opi, edge, pr, key, n, d0 in zip(*columns, strict=True):
             op = ops[opi]
             table = op.attr if edge else op.remint
             keys = table.get(pr)
@@ -680,16 +705,36 @@ class _Engine:
             if cap is not None and total > cap:
                 op.refused += total - max(before, cap)
         if spilled:
-            self._sketch(rows, groups, spilled, ops)
+            self._sketch(rows, spilled, ops)
 
-    def _sketch(self, rows: pl.DataFrame, groups: pl.DataFrame, spilled: list[int],
-                ops: list[OperationState]) -> None:
+    def _exact(self, ops: list[OperationState], full: list[int]) -> pl.DataFrame:
+        """The exactly counted keys of the full operations ``full`` (by index into ``ops``)."""
+        frames = []
+        for j in full:
+            op = ops[j]
+            cached = self.exact_keys.get(op)
+            if cached is None or cached[0] != op.exact:
+                cols: tuple[list[bool], list[str], list[str]] = ([], [], [])
+                for edge, table in ((True, op.attr), (False, op.remint)):
+                    for pr, keys in table.items():
+                        cols[0].extend([edge] * len(keys))
+                        cols[1].extend([pr] * len(keys))
+                        cols[2].extend(keys)
+                frame = pl.DataFrame({"edge": pl.Series(cols[0], dtype=pl.Boolean),
+                                      "pr": pl.Series(cols[1], dtype=pl.String),
+                                      "key": pl.Series(cols[2], dtype=pl.String)})
+                cached = self.exact_keys[op] = (op.exact, frame)
+            frames.append(cached[1].with_columns(pl.lit(j, dtype=pl.UInt32).alias("opi"),
+                                                 pl.lit(True).alias("known")))
+        return pl.concat(frames).select("opi", "edge", "pr", "key", "known")
+
+    def _sketch(self, rows: pl.DataFrame, spilled: list[int], ops: list[OperationState]) -> None:
         picked = rows.filter(pl.col("g").is_in(pl.Series(spilled, dtype=pl.UInt32).implode()))
-        items = list(zip(groups.get_column("pr").to_list(), groups.get_column("key").to_list(),
-                         strict=True))
         heavy_k = self.ledger._heavy_k
         for (opi,), part in picked.group_by("opi", maintain_order=True):
-            ops[opi].spill_each([items[g] for g in part.get_column("g").to_list()], heavy_k)
+            items = list(zip(part.get_column("pr").to_list(), part.get_column("key").to_list(),
+                             strict=True))
+            ops[opi].spill_each(items, heavy_k)
 
 
 def _valid_time(t: float, window: float) -> bool:
@@ -700,6 +745,15 @@ def audit_stream(stream: IO[bytes], auditor: Auditor) -> int:
     """Read ``stream`` into the auditor's ledger; the number of lines read (blank ones not
     counted)."""
     engine = _Engine(auditor)
-    for chunk in _chunks(stream):
-        engine.chunk(chunk)
+    # The next chunk is read into columns (polars, which lets go of the GIL) while this one is
+    # recorded.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead: concurrent.futures.Future[tuple[pl.DataFrame, list[bytes]]] | None = None
+        for chunk in _chunks(stream):
+            read = pool.submit(engine.read, chunk)
+            if ahead is not None:
+                engine._finish(*ahead.result())
+            ahead = read
+        if ahead is not None:
+            engine._finish(*ahead.result())
     return engine.lines

@@ -192,6 +192,9 @@ class _Auditor:
         self.last = t if self.last is None or t > self.last else self.last
         principal = (principal if isinstance(principal, str)
                      else "" if principal is None else str(principal))
+        if header is None or header in _UNSET:
+            self.ledger.record(t, operation, key=None, principal=principal)
+            return None
         q = self.question(header)
         if q is None:
             self.ledger.record(t, operation, key=None, principal=principal)
@@ -335,14 +338,18 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
     """Audit log lines (bytes; ``None`` marks a line too long to read). ``secret``: count ``e`` as
     an edge key only with a valid signature (:mod:`askonce.core.signing`)."""
     auditor = _Auditor(fmt, policy, secret)
-    record = auditor.record
+    parse, arrival, fail = auditor.parse, auditor.arrival, auditor.fail
     n = 0
     for line in lines:
         n += 1
         if line is None:
-            auditor.fail("too-long")
+            fail("too-long")
         elif line.strip():
-            record(line)
+            got = parse(line)
+            if got.__class__ is str:
+                fail(got)
+            else:
+                arrival(*got)
         else:
             n -= 1  # blank lines are no arrivals and no errors
     return _result(auditor, n)
