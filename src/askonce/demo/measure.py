@@ -149,13 +149,42 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
     return row
 
 
+# A load generator that launched a question later than this was starved of CPU: the stack was too,
+# and the run's figures measure the machine, not retries.
+LAG_LIMIT_MS = 100.0
+
+
+def invalid(rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per scenario, why its runs do not measure what the scenario is about (empty: valid): a
+    load generator starved of CPU, a stack that did not settle before the next run."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        why = out.setdefault(r["scenario"], [])
+        lag = r.get("launch_lag_ms", {}).get("max")
+        if lag is not None and lag > LAG_LIMIT_MS:
+            why.append(f"{r['policy']}: the load generator launched a question {lag:.0f} ms late "
+                       "(the machine was too busy for the load)")
+        if not r.get("settled", True):
+            why.append(f"{r['policy']}: the stack had not settled after the run before")
+    return {name: why for name, why in out.items() if why}
+
+
 def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's goals, checked against the rows that were run: ``{"goal", "met",
-    "measured"}``."""
+    "measured"}``. A goal of a scenario whose runs were not valid (:func:`invalid`) is not judged:
+    ``met`` is ``None`` and ``measured`` says why."""
     by = {(r["scenario"], r["policy"]): r for r in rows}
     out: list[dict[str, Any]] = []
+    broken = invalid(rows)
 
     def add(goal: str, met: bool, measured: str) -> None:
+        scenario = goal.split(" ", 1)[0].rstrip(":")
+        why = broken.get(scenario)
+        if why:
+            out.append({"goal": goal, "met": None,
+                        "measured": f"{measured} - not judged, the run is not valid: "
+                                    + "; ".join(why)})
+            return
         out.append({"goal": goal, "met": met, "measured": measured})
 
     def fmt(x: float | None, spec: str = ".3f") -> str:

@@ -57,6 +57,12 @@ HEADERS = ["scenario", "policy", "questions", "arrivals/q", "p99", "max", "cover
            "p50 ms", "p99 ms", "work s (wasted)", "recovery s"]
 
 
+def _mark(met: bool | None) -> tuple[str, str]:
+    """A goal's (HTML class, word)."""
+    return (("unjudged", "not judged") if met is None else ("met", "met") if met
+            else ("unmet", "NOT met"))
+
+
 def print_table(console: Any, runs: Sequence[Run], goals: list[dict[str, Any]],
                 meta: dict[str, Any]) -> None:
     """The table (in two parts on a terminal narrower than it), then the goals and the notes."""
@@ -82,7 +88,8 @@ def print_table(console: Any, runs: Sequence[Run], goals: list[dict[str, Any]],
             table.add_row(*(row[i] for i in columns))
         console.print(table)
     for g in goals:
-        mark = "[green]met[/green]" if g["met"] else "[red]NOT met[/red]"
+        mark = ("[yellow]not judged[/yellow]" if g["met"] is None
+                else "[green]met[/green]" if g["met"] else "[red]NOT met[/red]")
         console.print(f"  {mark}  {g['goal']}: {g['measured']}", highlight=False)
     for note in meta.get("notes", []):
         console.print(f"  [yellow]note[/yellow]  {note}", highlight=False)
@@ -177,8 +184,8 @@ def write(out: Path, runs: Sequence[Run], doc: dict[str, Any],
     head = "".join(f"<th>{e(h)}</th>" for h in HEADERS)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
                    for row in table_rows(runs))
-    goals = "".join(f"<li class={'met' if g['met'] else 'unmet'}>"
-                    f"{'met' if g['met'] else 'NOT met'}: "
+    goals = "".join(f"<li class={_mark(g['met'])[0]}>"
+                    f"{_mark(g['met'])[1]}: "
                     f"{e(g['goal'])} &mdash; {e(g['measured'])}</li>" for g in doc["goals"])
     notes = "".join(f"<li>{e(n)}</li>" for n in doc.get("notes", []))
     grace = f"; its clients' deadline_grace is {doc['grace']:g} s" if doc.get("grace") else ""
@@ -193,6 +200,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }}
 table {{ border-collapse: collapse; font-size: 0.9em; }} \
 td, th {{ border: 1px solid #ccc; padding: 0.25em 0.5em; }}
 td:nth-child(n+3) {{ text-align: right; }} .met {{ color: #1a7f37; }} .unmet {{ color: #cf222e; }}
+.unjudged {{ color: #9a6700; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>askonce demo</h1>
