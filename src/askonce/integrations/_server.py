@@ -229,26 +229,29 @@ class Arrival(Record):
         return self.serving.reply(self.noted if failed else self._noted)
 
     def reply_header(self) -> str:
-        if self._noted is None and not self.joins:
+        if self._noted is None:
             left = self.serving.tab.account.left
             if 0 <= left < len(_PLAIN_REPLIES):
                 # Every response carries one: skip formatting the usual ones.
-                return _PLAIN_REPLIES[left]
+                return _PLAIN_REPLIES[self.joins][left]
         if self.joins:
             return wire.format_reply(replace(self.serving.reply(self._noted), joins=True))
         return self.serving.reply_header(self._noted)
 
     def reply_bytes(self) -> bytes:
         """:meth:`reply_header`, encoded for a header list of bytes (ASGI)."""
-        if self._noted is None and not self.joins:
+        if self._noted is None:
             left = self.serving.tab.account.left
-            if 0 <= left < len(_PLAIN_REPLY_BYTES):
-                return _PLAIN_REPLY_BYTES[left]
+            if 0 <= left < len(_PLAIN_REPLIES):
+                return _PLAIN_REPLY_BYTES[self.joins][left]
         return self.reply_header().encode("ascii")
 
 
-_PLAIN_REPLIES = tuple(wire.format_reply(Reply(left)) for left in range(65))
-_PLAIN_REPLY_BYTES = tuple(reply.encode("ascii") for reply in _PLAIN_REPLIES)
+# The usual replies, written once: [joins][budget left].
+_PLAIN_REPLIES = tuple(tuple(wire.format_reply(Reply(left, joins=joins)) for left in range(65))
+                       for joins in (False, True))
+_PLAIN_REPLY_BYTES = tuple(tuple(reply.encode("ascii") for reply in replies)
+                           for replies in _PLAIN_REPLIES)
 
 
 def note_failure(exc: BaseException) -> None:
