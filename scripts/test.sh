@@ -16,6 +16,12 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
     || echo "chromium not installed: the dashboard's browser test will skip" >&2
 fi
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)" = 0 ]; then
+  # A real proxy retrying in front of a target (tests/integrations/test_proxy_retries.py).
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null \
+    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null \
+    || echo "nginx not installed: the proxy tests will skip" >&2
+fi
 python -m pip install -q --disable-pip-version-check -e '.[test]'
 python -m ruff check src tests bench
 python -m mypy

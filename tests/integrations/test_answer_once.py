@@ -1,33 +1,22 @@
-"""Answering once across real hops: a question's work runs once however often it arrives.
-
-* an nginx hop in front of a joining target retries on its own (``proxy_next_upstream``): the
-  handler runs once per question while the target's ledger counts every arrival, the proxy's
-  undeclared retries included;
-* a POST with a counted side effect behind two retrying askonce layers, the target taking longer
+"""Answering once across real hops: a question's work runs once however often it arrives:
+a POST with a counted side effect behind two retrying askonce layers, the target taking longer
   than every layer's attempt timeout on a question's first arrival: each question is answered and
   its side effect happens exactly once.
 
-Every server is real (uvicorn, nginx) on 127.0.0.1.
+Every server is real (uvicorn) on 127.0.0.1. A proxy's own retries: test_proxy_retries.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import hashlib
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 import askonce
 from askonce.client import ClientPolicy
@@ -66,95 +55,6 @@ class Effects:
 def _target(effects: Effects) -> tuple[Any, Ledger]:
     ledger = Ledger(LedgerPolicy(max_exact_keys=100_000))
     return AskonceASGIMiddleware(JoinASGIMiddleware(effects), layer="target", ledger=ledger), ledger
-
-
-# --- nginx retrying below the client ------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def nginx_in_front_of(upstream: str, tmp: Path) -> Iterator[str]:
-    """nginx on a free port proxying to ``upstream`` (listed twice, so that a timed-out try goes
-    on to the "next" server: the same one), read timeout 0.3 s, up to 3 tries."""
-    binary = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(binary).exists():
-        pytest.skip("nginx is not installed (scripts/test.sh installs it)")
-    port = _free_port()
-    host = upstream.removeprefix("http://")
-    (tmp / "logs").mkdir()
-    conf = tmp / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-master_process off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    upstream target {{
-        server {host} max_fails=0;
-        server {host} max_fails=0;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://target;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_read_timeout 300ms;
-            proxy_next_upstream error timeout;
-            proxy_next_upstream_tries 3;
-        }}
-    }}
-}}
-""")
-    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        limit = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if proc.poll() is not None or time.monotonic() > limit:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"nginx did not start: {err}")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-def test_a_proxys_own_retries_join_the_run_and_the_ledger_counts_them(tmp_path: Path) -> None:
-    effects = Effects(slow=0.5, share=1.0)  # every question's first run outlasts nginx's 0.3 s
-    app, ledger = _target(effects)
-    policy = ClientPolicy(layer="edge", originator=True, bucket=None, rejoin=False)
-    questions = 20
-    with uvicorn_running(app) as url, nginx_in_front_of(url, tmp_path) as proxy, \
-            httpx.Client(transport=AskonceTransport(httpx.HTTPTransport(), policy=policy),
-                         timeout=5.0) as http, concurrent.futures.ThreadPoolExecutor(10) as pool:
-        statuses = list(pool.map(lambda _: http.get(proxy + "/orders").status_code,
-                                 range(questions)))
-    assert statuses == [200] * questions
-    assert len(effects.done) == questions and set(effects.done.values()) == {1}  # ran once each
-    (op,) = ledger.report(now=time.time()).operations
-    assert op.distinct_keys == questions
-    assert op.arrivals >= 2 * questions  # nginx tried each question again after 0.3 s
-    assert op.undeclared_retries == op.arrivals - questions  # ... and the ledger saw it happen
 
 
 # --- a POST behind two retrying layers ----------------------------------------------------------

@@ -5,6 +5,7 @@ nginx and envoy-style lines; bad lines are counted, never fatal, and memory stay
 from __future__ import annotations
 
 import gzip
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -129,3 +130,19 @@ def test_a_time_out_of_range_for_the_window_is_a_bad_line() -> None:
     far = b'{"time": "-1.7e308", "operation": "get"}'
     result = audit_lines([far], LogFormat(), LedgerPolicy(window=0.001))
     assert result.bad == {"time": 1}
+
+
+def test_a_proxys_log_counts_each_upstream_try_with_upstream() -> None:
+    def line(t: float, h: str, tries: str) -> bytes:
+        stamp = time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(t))
+        escaped = h.replace('"', "\\x22")
+        return f'10.0.0.1 [{stamp}] "GET /orders HTTP/1.1" 200 "{escaped}" "{tries}"\n'.encode()
+
+    lines = [line(T0, header(key(1)), "504, 200"), line(T0, header(key(2)), "200"),
+             line(T0, header(key(3)), "502, 504 : 200"), b"no time here \"504, 504\"\n",
+             line(T0, header(key(4)), "-"), line(T0 + 1, header(key(5)), "200")]
+    counted = audit_lines(lines, LogFormat(kind="nginx", upstream=True)).report.totals()
+    assert counted.arrivals == 2 + 1 + 3 + 1 + 1  # the bad line's list counts for no other line
+    assert counted.undeclared_retries == 1 + 2 and counted.distinct_keys == 5
+    plain = audit_lines(lines, LogFormat(kind="nginx")).report.totals()
+    assert plain.arrivals == 5 and plain.undeclared_retries == 0

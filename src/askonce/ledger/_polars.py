@@ -97,7 +97,7 @@ def supports(fmt: Any, secret: Any) -> bool:
     if secret is not None or fmt.regex is not None:
         return False
     if fmt.kind == "nginx":
-        return fmt.field is None and fmt.principal_index is None
+        return fmt.field is None and fmt.principal_index is None and not fmt.upstream
     names = (fmt.question_field, fmt.time_field, fmt.operation_field, fmt.principal_field)
     return all(_PLAIN_KEY.fullmatch(n) for n in names) and len(set(names)) == 4
 

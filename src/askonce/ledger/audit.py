@@ -19,7 +19,10 @@ Two formats:
   from the first ``"METHOD /path PROTO"`` field, with ids in the path replaced by ``{id}``. nginx
   escapes ``"`` as ``\\x22`` (``escape=default``) or ``\\"`` (``escape=json``); both are undone. Or
   give ``regex`` with named groups ``question``, ``time``, ``operation`` (or ``method`` and
-  ``path``) and ``principal``.
+  ``path``) and ``principal``. ``upstream``: the log is a proxy's, one line per client request,
+  and the first quoted field after the header that lists upstream statuses (nginx's
+  ``"$upstream_status"``: ``504, 200``, groups joined by `` : ``) says how many tries the proxy
+  made: each is an arrival at the target, so the proxy's own retries show as undeclared retries.
 
 A missing header (absent, empty, ``-``) is an unkeyed arrival; one that does not parse is malformed.
 A line that cannot be read at all (not JSON, no time, longer than 1 MiB) is a *bad line*: counted
@@ -57,6 +60,9 @@ _FIELD = re.compile(rb'"([^"\\]*(?:\\.[^"\\]*)*)"|\[([^\]]*)\]|([^\s"\[]\S*)')
 _REQUEST = re.compile(rb"([A-Z]{3,10}) (\S+)(?: HTTP/[0-9.]+)?")
 _ESCAPE = re.compile(r'\\x([0-9A-Fa-f]{2})|\\(["\\])')
 _UNSET = ("", "-")
+# nginx's $upstream_status: a status (or "-") per try, ", " between tries, " : " between groups.
+_TRIES = re.compile(rb"(?:[0-9]{3}|-)(?:(?:, | : )(?:[0-9]{3}|-))*")
+_MAX_TRIES = 64  # tries counted from one line at most: a proxy's own limit is far below
 
 Parsed = tuple[float, str, Any, Any]
 """A line read: time, operation, the header's value as logged, the principal's."""
@@ -75,6 +81,7 @@ class LogFormat:
     principal_index: int | None = None  # nginx: the principal's field, from 1
     # nginx: named groups question, time, operation | method + path, principal
     regex: str | None = None
+    upstream: bool = False  # nginx: a proxy's log; each upstream try is an arrival
 
     def __post_init__(self) -> None:
         if self.kind not in ("jsonl", "nginx"):
@@ -177,6 +184,7 @@ class _Auditor:
         self.regex = re.compile(fmt.regex) if fmt.regex else None
         self.parse = self._jsonl if fmt.kind == "jsonl" else self._nginx
         self.routes: dict[tuple[bytes, bytes], str] = {}
+        self.tries = 1  # arrivals the line just parsed stands for (``LogFormat.upstream``)
 
     def fail(self, reason: str) -> None:
         self.bad[reason] = self.bad.get(reason, 0) + 1
@@ -221,8 +229,10 @@ class _Auditor:
         got = self.parse(line)
         if isinstance(got, str):
             self.fail(got)
-        else:
+            return
+        for _ in range(self.tries):
             self.arrival(*got)
+        self.tries = 1
 
     def _jsonl(self, line: bytes) -> Parsed | str:
         try:
@@ -252,6 +262,8 @@ class _Auditor:
         request: re.Match[bytes] | None = None
         principal: bytes | None = None
         want, who = self.fmt.field, self.fmt.principal_index
+        counting = self.fmt.upstream
+        self.tries = 1
         parts = line.split(b'"')
         if want is None and who is None and len(parts) % 2 and b'\\"' not in line:
             # The usual case, no field numbers needed and no quote inside a quoted field: splitting
@@ -267,6 +279,8 @@ class _Auditor:
                     header = raw
                 elif request is None:
                     request = _REQUEST.fullmatch(raw)
+                elif header is not None and counting:
+                    counting = not self._count_tries(raw)
         else:
             for i, m in enumerate(_FIELD.finditer(line), 1):
                 kind = m.lastindex
@@ -281,6 +295,8 @@ class _Auditor:
                         t = self.times(raw)
                 elif kind == 1 and request is None:
                     request = _REQUEST.fullmatch(raw)
+                elif kind == 1 and header is not None and counting:
+                    counting = not self._count_tries(raw)
         if t is None:
             return "time"
         operation = ("~unknown" if request is None
@@ -288,6 +304,14 @@ class _Auditor:
         return (t, operation,
                 None if header is None else _unescape(header.decode("utf-8", "replace")),
                 None if principal is None else _unescape(principal.decode("utf-8", "replace")))
+
+    def _count_tries(self, raw: bytes) -> bool:
+        """Is ``raw`` an upstream status list (the first one after the header counts)? Its
+        tries are the arrivals the line stands for."""
+        if _TRIES.fullmatch(raw) is None or not any(c in b"0123456789" for c in raw):
+            return False
+        self.tries = min(_MAX_TRIES, raw.count(b",") + raw.count(b":") + 1)
+        return True
 
     def _route(self, method: bytes, path: bytes) -> str:
         found = self.routes.get((method, path))
@@ -350,6 +374,10 @@ def audit_lines(lines: Iterable[bytes | None], fmt: LogFormat = LogFormat(),
                 fail(got)
             else:
                 arrival(*got)
+                if auditor.tries > 1:  # a proxy's log (LogFormat.upstream): its own retries
+                    for _ in range(auditor.tries - 1):
+                        arrival(*got)
+                    auditor.tries = 1
         else:
             n -= 1  # blank lines are no arrivals and no errors
     return _result(auditor, n)
@@ -386,7 +414,8 @@ def engine_for(engine: str, fmt: LogFormat,
     if not _polars.supports(fmt, secret):
         if engine == "polars":
             raise ValueError("the polars engine reads neither --regex, --field, "
-                             "--principal-index nor --secret-env: use --engine python")
+                             "--principal-index, --upstream nor --secret-env: "
+                             "use --engine python")
         return None
     return _polars
 

@@ -68,6 +68,9 @@ def add_audit_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="nginx: the principal's field, from 1")
     p.add_argument("--regex",
                    help="nginx: named groups question, time, operation or method+path, principal")
+    p.add_argument("--upstream", action="store_true",
+                   help="nginx: a proxy's log; each try in the quoted \"$upstream_status\" field "
+                   "after the header is an arrival (the proxy's own retries)")
     p.add_argument("--window", type=float, default=AUDIT_POLICY.window,
                    help="seconds per window (default 3600)")
     p.add_argument("--windows-kept", type=int, default=AUDIT_POLICY.windows_kept,
@@ -167,7 +170,8 @@ def _audit(args: argparse.Namespace) -> int:
         fmt = LogFormat(kind=args.format, question_field=args.question_field,
                         time_field=args.time_field, operation_field=args.operation_field,
                         principal_field=args.principal_field, field=args.field,
-                        principal_index=args.principal_index, regex=args.regex)
+                        principal_index=args.principal_index, regex=args.regex,
+                        upstream=args.upstream)
         policy = LedgerPolicy(window=args.window, windows_kept=args.windows_kept,
                               max_exact_keys=args.max_exact_keys)
         engine_for(args.engine, fmt, args.secret_env)
