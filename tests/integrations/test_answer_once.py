@@ -79,8 +79,8 @@ def _layer(name: str, downstream: str) -> Any:
         try:
             response = await client.post(downstream + "/orders", content=body)
             status, out = response.status_code, response.content
-        except (httpx.HTTPError, askonce.AskonceError):
-            status, out = 503, b"failed"
+        except (httpx.HTTPError, askonce.AskonceError) as exc:
+            status, out = 503, f"{name}: {exc!r}"[:200].encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": out})
@@ -103,8 +103,8 @@ def test_a_post_s_side_effect_happens_once_per_question_behind_two_retrying_laye
         answers = list(pool.map(
             lambda i: http.post(a_url + "/orders", content=f"order {i}".encode()),
             range(questions)))
-    failed = Counter(f"{r.status_code} {r.headers.get('askonce-reply')}" for r in answers
-                     if r.status_code != 200)
+    failed = Counter(f"{r.status_code} {r.headers.get('askonce-reply')} {r.text[:120]}"
+                     for r in answers if r.status_code != 200)
     assert not failed, failed
     assert len(effects.done) == questions and set(effects.done.values()) == {1}
     for op in ledger.report(now=time.time()).operations:
