@@ -15,6 +15,17 @@ _ID_SEGMENT = re.compile(
 )
 
 
+# The methods of RFC 9110 and PATCH: any other method a caller sends is named OTHER, so that
+# invented methods cannot make operation names without bound.
+_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT",
+                      "TRACE"})
+
+
+def method_name(method: str) -> str:
+    """The method as an operation name says it: a standard one as it is, any other ``OTHER``."""
+    return method if method in _METHODS else "OTHER"
+
+
 def path_template(method: str, path: str) -> str:
     """The fallback operation name: ``"GET /items/{id}"`` for ``GET /items/42``.
 

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from askonce import _stats
-from askonce.core.naming import path_template
+from askonce.core.naming import method_name, path_template
 from askonce.core.wire import Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
@@ -179,7 +179,7 @@ class AskonceASGIMiddleware:
 
     def route(self, scope: Scope) -> str:
         """The default operation name: the method and the route template the app will match."""
-        method = str(scope.get("method", "GET"))
+        method = method_name(str(scope.get("method", "GET")))
         routes = _routes_of(scope.get("app")) or _routes_of(self.app)
         if routes is None:
             return path_template(method, str(scope.get("path", "")))

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from askonce import _stats
-from askonce.core.naming import path_template
+from askonce.core.naming import method_name, path_template
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
     LEDGER_LOCK,
@@ -113,7 +113,7 @@ class AskonceWSGIMiddleware:
 
     def route(self, environ: Environ) -> str:
         """The default operation name: method and Flask rule, or the path with ids as ``{id}``."""
-        method = str(environ.get("REQUEST_METHOD", "GET"))
+        method = method_name(str(environ.get("REQUEST_METHOD", "GET")))
         if self._flask is not None:
             try:
                 rule, _ = self._flask.url_map.bind_to_environ(environ).match(return_rule=True)
