@@ -415,3 +415,15 @@ def test_a_plots_folder_that_cannot_be_written_is_refused_before_any_run(where: 
 def test_a_missing_matplotlib_names_the_extra_before_any_run(tmp_path: Path) -> None:
     done = run_cli(["simulate", "--quiet", "--plots", str(tmp_path)], block=("matplotlib",), timeout=20)
     one_line_error(done, 1, "matplotlib", "pip install 'askonce[plots]'")
+
+
+def test_e11_a_slow_tail_is_answered_once_when_every_layer_joins() -> None:
+    from askonce.sim.scenarios import slow
+
+    rows = {r.policy: r for r in slow(shares=(0.1,), duration=5.0)}
+    joined, alone, naive = rows["askonce-join"], rows["askonce"], rows["naive"]
+    assert joined.success_rate == 1.0 and joined.max == 1  # one arrival each, every one answered
+    assert joined.wasted_s == 0.0  # the slow work answered the question it was started for
+    assert alone.success_rate < 0.92  # a timed-out try is settled fail closed, not retried
+    assert naive.mean is not None and naive.mean > 1.3 and naive.wasted_fraction is not None
+    assert naive.wasted_fraction > 0.5  # naive retries start the slow work again

@@ -436,7 +436,7 @@ class Sim:
         elif self.world.servers is None:
             job.started = now
             job.ok = not self.fails(now)
-            self.engine.at(now + self.world.service, self._on_done, job)
+            self.engine.at(now + self._service(), self._on_done, job)
         elif self.busy < self.world.servers:
             self._start(job, now)
         else:
@@ -448,7 +448,7 @@ class Sim:
             self._target_answer(job, False, True, now)  # refused before work: its caller has gone
             return
         self.busy += 1
-        service = w.service
+        service = self._service()
         if w.cut is not None and w.cut[0] <= now < w.cut[1]:
             service /= w.cut[2]
         end = now + service
@@ -459,6 +459,13 @@ class Sim:
         else:
             job.ok, job.reply = not self.fails(now), None
         self.engine.at(end, self._on_done, job)
+
+    def _service(self) -> float:
+        """This arrival's work: the world's service time, or its slow time for a share."""
+        w = self.world
+        if w.slow_share > 0 and self.rng.random() < w.slow_share:
+            return w.slow_time
+        return w.service
 
     def on_done(self, job: Call) -> None:
         now = self.engine.now

@@ -66,6 +66,12 @@ COLUMNS: dict[str, list[Column]] = {
         ("wasted", 7, lambda r: _pct(r.wasted_fraction, 0)),
         ("recovery", 9, _recovery),
     ],
+    "slow": [
+        ("slow", 5, lambda r: _pct(r.params["slow_share"], 0)),
+        _POLICY, *_A, _SUCCESS,
+        ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
+        ("wasted", 7, lambda r: _pct(r.wasted_fraction, 0)),
+    ],
     "jitter": [
         _POLICY,
         ("calls", 7, lambda r: str(r.arrivals)),
@@ -82,6 +88,7 @@ TITLES = {
     "clients": "E5 client count (same total load, full outage): A; "
                "load = arrivals per question asked",
     "overload": "E3 overload: capacity cut for T s; recovery = until 5 s goodput is back to 90 %",
+    "slow": "E11 a slow tail longer than every timeout: success, A, and the target's work wasted",
     "jitter": "E6 synchronised retries: calls and time until every client has written",
 }
 

@@ -73,11 +73,12 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, backoff=k.backoff, bucket=k.baseline_bucket)
     if name == "breaker":
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
-    if name == "askonce":
+    if name in ("askonce", "askonce-join"):
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
                       bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
                       breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
-                      grace=k.grace, join=k.join)
+                      grace=k.grace, join=k.join or name == "askonce-join",
+                      edge_rejoins=name == "askonce-join")
     raise ValueError(f"unknown policy {name!r}; "
                      f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 
@@ -287,6 +288,27 @@ def overload(*, triggers: Sequence[float] = (2.0, 5.0, 10.0), policies: Sequence
     return rows
 
 
+def slow(*, shares: Sequence[float] = (0.02, 0.1, 0.3), policies: Sequence[str] = (
+        "no-retry", "naive", "askonce", "askonce-join"), seed: int = 1, depth: int = 3,
+        clients: int = 100, rate: float = 200.0, duration: float = 20.0, service: float = 0.02,
+        slow_time: float = 2.0, timeout: float = 1.0, deadline: float = 3.0,
+        knobs: Knobs = Knobs(), progress: Progress | None = None) -> list[Row]:
+    """E11: a slow tail at the target: a share of arrivals take ``slow_time``, longer than every
+    layer's per-attempt ``timeout``. Naive layers time out into retries that start the work again;
+    askonce settles a timed-out try fail closed and does not retry it; ``askonce-join``: every layer
+    and the target join a repeated question to the run in flight, and every layer, the client too,
+    waits for a callee that joins instead of timing out (``ClientPolicy.rejoin``)."""
+    rows: list[Row] = []
+    for share in shares:
+        world = World(depth=depth, clients=clients, rate=rate, duration=duration,
+                      deadline=deadline, timeout=timeout, service=service, slow_share=share,
+                      slow_time=slow_time, settle=0.0)
+        for name in policies:
+            _emit(rows, run_one("slow", name, world, knobs, seed,
+                                {"slow_share": share, "depth": depth}), progress)
+    return rows
+
+
 def jitter(*, clients: int = 100, policies: Sequence[str] = JITTER_POLICIES, seed: int = 1,
            service: float = 0.01,
            knobs: Knobs = Knobs(attempts=100, budget=99, backoff=Backoff(base=0.005, cap=2.0)),
@@ -312,5 +334,6 @@ def jitter(*, clients: int = 100, policies: Sequence[str] = JITTER_POLICIES, see
 
 SCENARIOS: dict[str, Callable[..., list[Row]]] = {
     "depth": depth, "transient": transient, "clients": clients, "overload": overload,
+    "slow": slow,
     "jitter": jitter,
 }

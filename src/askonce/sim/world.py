@@ -63,6 +63,8 @@ class World:
     timeout: float | None = None  # per-attempt timeout at every layer
     latency: float = 0.001  # one-way delay of every hop
     service: float = 0.01  # the target's work per arrival
+    slow_share: float = 0.0  # each arrival's work takes slow_time instead, with this probability
+    slow_time: float = 0.0
     servers: int | None = None  # None: the target serves every arrival at once; else a FIFO queue
     error_rate: float = 0.0  # each arrival fails independently with this probability
     outage: tuple[float, float] | None = None  # every arrival in [start, end) fails
@@ -90,6 +92,9 @@ class World:
             raise ValueError(f"timeout must be None or positive, got {self.timeout!r}")
         if self.servers is not None and not 1 <= self.servers <= 1_000_000:
             raise ValueError(f"servers must be None or within 1..1000000, got {self.servers!r}")
+        if not 0 <= self.slow_share <= 1 or not 0 <= self.slow_time < float("inf"):
+            raise ValueError(f"slow_share must be within 0..1 and slow_time a finite number >= 0, "
+                             f"got {self.slow_share!r}, {self.slow_time!r}")
         if not 0 <= self.error_rate <= 1:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
         if self.cut is not None and not (self.cut[0] <= self.cut[1] and 0 < self.cut[2] <= 1):
