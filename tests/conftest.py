@@ -18,6 +18,16 @@ def _need_redis() -> None:
         pytest.skip("redis-server is not installed")
 
 
+@pytest.fixture(autouse=True)
+def _forget_joining_callees() -> Iterator[None]:
+    """What clients heard of callees that join is process-wide (askonce.client.JOINERS): a port
+    one test's server had must not carry its answer into the next test."""
+    from askonce.client import JOINERS
+
+    JOINERS.clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def shared_redis() -> Iterator[RedisServer]:
     """One server for tests that only need one; each test keys its own targets."""

@@ -212,18 +212,20 @@ def extract_reply(headers: Mapping[str, str] | Any) -> Reply | None:
 
 
 def question_header(frame: Frame, now: float, timeout: float | None = None,
-                    budget: int | None = None) -> str:
+                    budget: int | None = None, rejoin: bool = False) -> str:
     """The ``askonce-question`` value for an outgoing call made from ``frame``.
 
     ``timeout``: how long this caller will wait for the answer; the callee gets the tighter of it
     and the question's deadline, so it never works for a caller who has stopped listening.
+    ``rejoin``: the attempt re-attaches to the run in flight (``wire.format_question``).
     """
     tab, path = frame
     remaining = None if tab.deadline is None else tab.deadline - now
     if timeout is not None:
         remaining = timeout if remaining is None else min(remaining, timeout)
     sent = tab.account.left if budget is None else budget
-    return wire.format_question(tab.key, tab.origin, tab.edge, sent, remaining, path, tab.sig)
+    return wire.format_question(tab.key, tab.origin, tab.edge, sent, remaining, path, tab.sig,
+                                rejoin)
 
 
 def inject(headers: MutableMapping[str, str], *, timeout: float | None = None,

@@ -53,7 +53,7 @@ class Effects:
 
 
 def _target(effects: Effects) -> tuple[Any, Ledger]:
-    ledger = Ledger(LedgerPolicy(max_exact_keys=100_000))
+    ledger = Ledger(LedgerPolicy(window=86_400.0, max_exact_keys=100_000))  # one window
     return AskonceASGIMiddleware(JoinASGIMiddleware(effects), layer="target", ledger=ledger), ledger
 
 

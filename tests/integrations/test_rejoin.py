@@ -28,6 +28,7 @@ from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport, default_target
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from askonce.integrations.wsgi_join import JoinWSGIMiddleware
+from askonce.propagation import new_key
 from e2e_services import uvicorn_running, waitress_running
 
 SLOW = 0.8  # seconds the first run of a question takes: longer than the client's attempt timeout
@@ -182,3 +183,68 @@ def test_a_callee_that_stops_joining_is_no_longer_rejoined() -> None:
         JOINERS.heard(default_target(httpx.Request("GET", url)), Reply(2, joins=True))
         http.get(url + "/warm")
         assert default_target(httpx.Request("GET", url)) not in JOINERS
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_reattach_with_no_run_to_join_is_refused_never_run(kind: str) -> None:
+    """The run it is for may have failed, gone to another replica or been forgotten: running the
+    re-attach anew could do the work twice and spend the budget twice."""
+    from askonce.core.wire import QUESTION_HEADER, format_question, is_rejoin
+
+    header = format_question(new_key(), "edge", True, 1, 5.0, (), None, rejoin=True)
+    assert is_rejoin(header) and not is_rejoin(header[: -len(", j")])
+    with callee(kind, join=True) as (url, work, ledger):
+        refused = httpx.post(url + "/q", content=b"x", headers={QUESTION_HEADER: header})
+        plain = httpx.post(url + "/warm", content=b"x", timeout=5.0,
+                           headers={QUESTION_HEADER: header[: -len(", j")]})
+    assert refused.status_code == 503 and sum(work.runs.values()) == 1  # only the plain one ran
+    assert parse_reply(refused.headers[REPLY_HEADER]) == Reply(0, True, "exhausted", joins=True)
+    assert plain.status_code == 200
+    assert _arrivals(ledger) == 2  # both arrived, and were counted
+
+
+def test_a_wsgi_body_of_undeclared_length_is_not_joined() -> None:
+    """A chunked body cannot be compared: the same key with another body must not be replayed."""
+    import io
+
+    from askonce.core.wire import format_question
+
+    seen: list[bytes] = []
+
+    def echo(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        data = environ["wsgi.input"].read()
+        seen.append(data)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"charged " + data]
+
+    app = AskonceWSGIMiddleware(JoinWSGIMiddleware(echo), layer="t")
+    header = format_question(new_key(), "svc", False, 2, 10.0)
+    for body in (b"amount=1", b"amount=999"):
+        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/q", "QUERY_STRING": "",
+                   "SERVER_NAME": "x", "SERVER_PORT": "80", "wsgi.url_scheme": "http",
+                   "wsgi.input": io.BytesIO(body), "wsgi.input_terminated": True,
+                   "HTTP_ASKONCE_QUESTION": header}
+        b"".join(app(environ, lambda status, headers, exc_info=None: None))
+    assert seen == [b"amount=1", b"amount=999"]  # each ran: neither replayed the other
+
+
+def test_joining_callees_are_remembered_safely_from_many_threads() -> None:
+    import threading
+
+    from askonce.client import Joiners
+
+    joiners, errors = Joiners(limit=8), []
+
+    def hammer(n: int) -> None:
+        try:
+            for i in range(2000):
+                joiners.heard(f"t{n}-{i}", Reply(1, joins=i % 3 != 0))
+        except Exception as exc:  # a dict changed under another thread's eviction
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(joiners) <= 8

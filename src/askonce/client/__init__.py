@@ -25,6 +25,7 @@ do-not-retry on even when the handler turned the downstream error into a respons
 from __future__ import annotations
 
 import random as _random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -187,23 +188,35 @@ class Joiners:
     (past it the oldest is forgotten: a forgotten target's timed-out tries are lost again until it
     replies once more). One per process (``JOINERS``), shared by every :class:`Caller`."""
 
-    __slots__ = ("_seen", "limit")
+    __slots__ = ("_lock", "_seen", "limit")
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
         self._seen: dict[str, None] = {}
+        self._lock = threading.Lock()  # callers on many threads and event loops
 
     def __contains__(self, target: object) -> bool:
         return target in self._seen
 
+    def __len__(self) -> int:
+        return len(self._seen)
+
     def heard(self, target: str, reply: Reply | None) -> None:
         seen = self._seen
-        if reply is None or not reply.joins:
-            seen.pop(target, None)
-        elif target not in seen:
-            if len(seen) >= self.limit:
-                del seen[next(iter(seen))]
-            seen[target] = None
+        joins = reply is not None and reply.joins
+        if joins == (target in seen):
+            return  # the usual case: nothing changes, and no lock is taken
+        with self._lock:
+            if not joins:
+                seen.pop(target, None)
+            elif target not in seen:
+                if len(seen) >= self.limit:
+                    seen.pop(next(iter(seen)), None)
+                seen[target] = None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
 
 
 # What every Caller of the process has heard: a target's reply to one client is news to all.
@@ -245,7 +258,9 @@ class _Call:
         Toward a callee that joins, the policy's is not applied: the callee answers by the
         deadline it is given, so this layer waits for it instead of timing out into retries."""
         limit = self.exchange.timeout
-        cap = None if self.joins else policy.attempt_timeout
+        # Without a question deadline the callee has none to answer by: the cap stays.
+        cap = (None if self.joins and self.tab.deadline is not None
+               else policy.attempt_timeout)
         if cap is not None and (limit is None or cap < limit):
             limit = cap
         deadline = self.tab.deadline
@@ -282,7 +297,8 @@ class _Call:
         limit = self.limit(caller.policy, now)
         forwarded = state.given(limit, caller.policy.deadline_grace, now, self.joins)
         try:
-            header = propagation.question_header(attempt.frame, now, forwarded, state.forward())
+            header = propagation.question_header(attempt.frame, now, forwarded, state.forward(),
+                                                 state.rejoin)
             return limit, header
         except BaseException as exc:
             state.unsent()

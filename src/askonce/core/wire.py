@@ -339,9 +339,11 @@ def format_question(
     remaining: float | None,
     path: tuple[Hop, ...] = (),
     sig: bytes | None = None,
+    rejoin: bool = False,
 ) -> str:
     """Encode a question; ``remaining`` is seconds left until the deadline (``None``: no
-    deadline)."""
+    deadline). ``rejoin``: the attempt re-attaches to the question's run in flight at the callee
+    (member ``j``, last): a callee that joins refuses to run it anew (:func:`is_rejoin`)."""
     if not 0 < budget < MAX_BUDGET:
         budget = max(0, min(budget, MAX_BUDGET))
     text = f'v={VERSION}, k="{key}", o={origin}, e, b={budget}' if edge else (
@@ -357,7 +359,22 @@ def format_question(
         text += f", p=({_cached_path_text(path)})"
     if sig:
         text += f", s=:{base64.b64encode(sig[:MAX_SIG_BYTES]).decode('ascii')}:"
+    if rejoin:
+        text += ", j"
     return text
+
+
+def is_rejoin(text: str | bytes) -> bool:
+    """Does this ``askonce-question`` value re-attach (member ``j`` true)? A quick look first:
+    only a value holding ``, j`` is parsed."""
+    raw = text if isinstance(text, bytes) else text.encode("latin-1", "replace")
+    if b", j" not in raw:
+        return False
+    decoded = _ascii(raw)
+    if isinstance(decoded, Malformed):
+        return False
+    d = parse_dictionary(decoded)
+    return not isinstance(d, Malformed) and d.get("j") is True
 
 
 # --- askonce-reply --------------------------------------------------------------------------------

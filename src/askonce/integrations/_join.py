@@ -9,33 +9,69 @@ lowered to it, and its ``askonce-reply`` says so.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
+from askonce import _stats
 from askonce._replies import recording
+from askonce.core import wire
 from askonce.core.question import Tab
-from askonce.integrations._server import Arrival
+from askonce.core.wire import REPLY_HEADER, Reply
+from askonce.integrations._server import Arrival, note_failure
 
 JOINED_HEADER = b"askonce-joined"
 MAX_REARRIVALS = 3  # a waiter whose run was abandoned arrives again, at most this often
 MAX_WAIT = 300.0  # seconds a waiter waits for a question without a deadline
 CONFLICT_BODY = b"this question's key came with another request"
+# A re-attach with no run to join (status, headers, body): what was held for the lost run is not
+# this callee's to give back, so the reply says none is left.
+_REFUSED_BODY = b"askonce: no run of this question to join here\n"
+REFUSED = (503, (("content-type", "text/plain; charset=utf-8"),
+                 ("content-length", str(len(_REFUSED_BODY))),
+                 (REPLY_HEADER, wire.format_reply(Reply(0, True, "exhausted", joins=True)))),
+           _REFUSED_BODY)
 
 
 class Run:
     """The shell's slot on a join entry: how its waiters are woken, and the run's account."""
 
-    __slots__ = ("budget", "owner", "tab", "wake")
+    __slots__ = ("budget", "noted", "owner", "tab", "wake")
 
     def __init__(self, owner: object, wake: object, tab: Tab) -> None:
         self.owner = owner  # the event loop (ASGI) the wake event belongs to, or None
         self.wake = wake
         self.tab = tab
         self.budget = tab.account.left  # what the run was forwarded
+        self.noted: BaseException | None = None  # the give-up its error answer stands for
+
+
+def ran(run: object) -> None:
+    """The run's handler returned: keep what its error answer stands for (a give-up below, which
+    the server middleware turns into a 503 with do-not-retry), for its waiters to answer alike."""
+    arrival = recording()
+    if isinstance(run, Run) and isinstance(arrival, Arrival):
+        run.noted = arrival.noted
 
 
 def joined(waiter: Tab, run: object) -> None:
-    """Lower a waiter's account to what the run it joined left for the question."""
+    """A waiter answers with the run's answer: its account lowered to what the run left for the
+    question, and the run's give-up (if its answer was one) noted for its own reply."""
     if isinstance(run, Run):
         waiter.account.lower_to(run.tab.account.left - (run.budget - waiter.account.left))
+        if run.noted is not None:
+            note_failure(run.noted)
+
+
+def principal_of(principal: Callable[[Any], str] | None, request: Any) -> str | None:
+    """Who asks, by the application's callable; ``None`` if it raised (the request then runs
+    unjoined: no answer is shared across principals on a guess)."""
+    if principal is None:
+        return ""
+    try:
+        return str(principal(request))
+    except Exception:
+        _stats.count("server.join.principal-error")
+        return None
 
 
 def announce() -> None:

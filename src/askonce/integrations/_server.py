@@ -231,7 +231,7 @@ class Arrival(Record):
     def reply_header(self) -> str:
         if self._noted is None:
             left = self.serving.tab.account.left
-            if 0 <= left < len(_PLAIN_REPLIES):
+            if 0 <= left < len(_PLAIN_REPLIES[0]):
                 # Every response carries one: skip formatting the usual ones.
                 return _PLAIN_REPLIES[self.joins][left]
         if self.joins:
@@ -242,7 +242,7 @@ class Arrival(Record):
         """:meth:`reply_header`, encoded for a header list of bytes (ASGI)."""
         if self._noted is None:
             left = self.serving.tab.account.left
-            if 0 <= left < len(_PLAIN_REPLIES):
+            if 0 <= left < len(_PLAIN_REPLIES[0]):
                 return _PLAIN_REPLY_BYTES[self.joins][left]
         return self.reply_header().encode("ascii")
 
@@ -459,13 +459,15 @@ class Server:
         if reply_of(exc) is None:
             return None
         reply = arrival.serving.reply(exc)
+        if arrival.joins:
+            reply = replace(reply, joins=True)
         retry_after = None
         if reply.pushback is not None:
             # The app chose the pushback (inf, NaN, 1e12 alike): clamped into the protocol's
             # 0..86400 s (NaN as 0) as the reply header writes it, and Retry-After is that many ms
             # rounded up.
             ms = wire.to_ms(reply.pushback, up=True)
-            reply = Reply(reply.budget, reply.dnr, reply.reason, ms / 1000)
+            reply = replace(reply, pushback=ms / 1000)
             retry_after = -(-ms // 1000)
         answer = Answer(503, reply, retry_after)
         if count:

@@ -34,20 +34,36 @@ from collections.abc import Callable
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
     JOINED_HEADER,
     MAX_REARRIVALS,
     MAX_WAIT,
+    REFUSED,
     Run,
     announce,
     detach,
     digest,
     joined,
+    principal_of,
+    ran,
 )
 from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["JOINED_HEADER", "JoinASGIMiddleware"]
+
+QUESTION = b"askonce-question"
+
+
+async def _refuse(send: Send) -> None:
+    """A re-attach with no run to join: refused, never run (the run it is for may still be going
+    elsewhere, or went to another replica; running it again could do its work twice)."""
+    _stats.count("server.join.refused-rejoin")
+    status, headers, body = REFUSED
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class JoinASGIMiddleware:
@@ -72,13 +88,14 @@ class JoinASGIMiddleware:
         if scope["type"] != "http" or frame is None or frame[0].minted_here:
             await self.app(scope, receive, send)
             return
+        rejoin = any(k == QUESTION and is_rejoin(v) for k, v in scope.get("headers", ()))
         body, receive = await _read_body(receive, self.policy.max_body)
-        if body is None:
-            _stats.count("server.join.unread")
-            await self.app(scope, receive, send)
-            return
         announce()
-        who = "" if self.principal is None else str(self.principal(scope))
+        who = principal_of(self.principal, scope)
+        if body is None or who is None:
+            _stats.count("server.join.unread" if body is None else "server.join.principal-error")
+            await (_refuse(send) if rejoin else self.app(scope, receive, send))
+            return
         key = (who, f"{scope.get('method', '')} {scope.get('path', '')}", frame[0].key)
         fingerprint = digest(scope.get("query_string", b""), body)
         loop = asyncio.get_running_loop()
@@ -87,10 +104,14 @@ class JoinASGIMiddleware:
             with self._lock:
                 verdict, entry = self.joins.arrive(key, fingerprint, loop.time())
                 if verdict is Verdict.RUN and entry is not None:
-                    entry.signal = Run(loop, asyncio.Event(), tab)
+                    if rejoin:  # nothing to join: the lost run may still be going elsewhere
+                        self.joins.abandon(key, entry)
+                    else:
+                        entry.signal = Run(loop, asyncio.Event(), tab)
             _stats.count(f"server.join.{verdict.value}")
-            if verdict is Verdict.RUN and entry is not None:
-                detach()  # its caller may re-attach: a disconnect does not cancel it
+            if verdict is Verdict.RUN and entry is not None and not rejoin:
+                if tab.deadline is not None:
+                    detach()  # its caller may re-attach: a disconnect does not cancel it
                 await self._run(key, entry, scope, receive, send)
                 return
             if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:
@@ -104,15 +125,15 @@ class JoinASGIMiddleware:
                 await _send(send, answer, b"wait")
                 return
             if verdict is Verdict.REPLAY and entry is not None and entry.answer is not None:
-                joined(tab, entry.signal)
+                joined(tab, entry.signal)  # (a kept answer is never a failure: nothing to note)
                 await _send(send, entry.answer, b"replay")
                 return
             if verdict is Verdict.CONFLICT:
                 await _send(send, Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY),
                             None)
                 return
-            break  # BYPASS
-        await self.app(scope, receive, send)
+            break  # BYPASS, or RUN for a re-attach
+        await (_refuse(send) if rejoin else self.app(scope, receive, send))
 
     async def _run(self, key: tuple[str, str, str], entry: Entry, scope: Scope,
                    receive: Receive, send: Send) -> None:
@@ -121,6 +142,7 @@ class JoinASGIMiddleware:
             await self.app(scope, receive, capture)
         finally:
             answer = capture.answer()
+            ran(entry.signal)
             with self._lock:
                 if answer is None:
                     self.joins.abandon(key, entry)
@@ -134,7 +156,8 @@ class JoinASGIMiddleware:
 class _Capture:
     """Passes the response through and keeps a copy of it, up to ``limit`` bytes of body."""
 
-    __slots__ = ("_body", "_complete", "_headers", "_limit", "_over", "_send", "_status")
+    __slots__ = ("_body", "_complete", "_gone", "_headers", "_limit", "_over", "_send",
+                 "_status")
 
     def __init__(self, send: Send, limit: int) -> None:
         self._send = send
@@ -144,6 +167,7 @@ class _Capture:
         self._body: list[bytes] = []
         self._over = False
         self._complete = False
+        self._gone = False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -156,7 +180,14 @@ class _Capture:
                 self._over = sum(map(len, self._body)) > self._limit
             if not message.get("more_body", False):
                 self._complete = True
-        await self._send(message)
+        if self._gone:
+            return
+        try:
+            await self._send(message)
+        except OSError:
+            # The caller went away (ASGI servers may raise on a closed connection): the answer
+            # is still kept for those who join the run.
+            self._gone = True
 
     def answer(self) -> Answer | None:
         """The response sent, if it was sent whole and its body fits the limit; else ``None``
@@ -183,11 +214,15 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, Receiv
         chunk = bytes(message.get("body", b""))
         chunks.append(chunk)
         size += len(chunk)
-        if not message.get("more_body", False):
-            break
         if size > limit:
+            if not message.get("more_body", False):
+                body = b"".join(chunks)
+                return None, _replaying([{"type": "http.request", "body": body,
+                                          "more_body": False}], receive)
             return None, _replaying([{"type": "http.request", "body": b"".join(chunks),
                                       "more_body": True}], receive)
+        if not message.get("more_body", False):
+            break
     body = b"".join(chunks)
     return body, _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
 

@@ -27,15 +27,19 @@ from typing import Any
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
     JOINED_HEADER,
     MAX_REARRIVALS,
     MAX_WAIT,
+    REFUSED,
     Run,
     announce,
     digest,
     joined,
+    principal_of,
+    ran,
 )
 from askonce.integrations.wsgi import Environ, StartResponse, WSGIApp
 
@@ -66,13 +70,14 @@ class JoinWSGIMiddleware:
         frame = current_frame()
         if frame is None or frame[0].minted_here:
             return self.app(environ, start_response)
+        rejoin = is_rejoin(str(environ.get("HTTP_ASKONCE_QUESTION", "")))
         body = _read_body(environ, self.policy.max_body)
-        if body is None:
-            _stats.count("server.join.unread")
-            return self.app(environ, start_response)
         announce()
+        who = principal_of(self.principal, environ)
+        if body is None or who is None:
+            _stats.count("server.join.unread" if body is None else "server.join.principal-error")
+            return _refuse(start_response) if rejoin else self.app(environ, start_response)
         tab = frame[0]
-        who = "" if self.principal is None else str(self.principal(environ))
         key = (who, f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}",
                tab.key)
         fingerprint = digest(str(environ.get("QUERY_STRING", "")).encode("latin-1", "replace"),
@@ -81,9 +86,12 @@ class JoinWSGIMiddleware:
             with self._lock:
                 verdict, entry = self.joins.arrive(key, fingerprint, _stats.monotonic())
                 if verdict is Verdict.RUN and entry is not None:
-                    entry.signal = Run(None, threading.Event(), tab)
+                    if rejoin:  # nothing to join: the lost run may still be going elsewhere
+                        self.joins.abandon(key, entry)
+                    else:
+                        entry.signal = Run(None, threading.Event(), tab)
             _stats.count(f"server.join.{verdict.value}")
-            if verdict is Verdict.RUN and entry is not None:
+            if verdict is Verdict.RUN and entry is not None and not rejoin:
                 return self._run(key, entry, environ, start_response)
             if verdict is Verdict.WAIT and entry is not None:
                 answer = _wait(entry, tab.deadline)
@@ -97,8 +105,8 @@ class JoinWSGIMiddleware:
             if verdict is Verdict.CONFLICT:
                 return _send(start_response,
                              Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY), None)
-            break  # BYPASS
-        return self.app(environ, start_response)
+            break  # BYPASS, or RUN for a re-attach
+        return _refuse(start_response) if rejoin else self.app(environ, start_response)
 
     def _run(self, key: tuple[str, str, str], entry: Entry, environ: Environ,
              start_response: StartResponse) -> Iterable[bytes]:
@@ -116,19 +124,24 @@ class JoinWSGIMiddleware:
         answer: Answer | None = None
         try:
             result = self.app(environ, capture)
-            rest: Iterator[bytes] = iter(result)
-            size = sum(map(len, chunks))
-            for chunk in rest:
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > self.policy.max_body:
-                    _stats.count("server.join.too-large")
-                    return _Streamed(chain(chunks, rest), result)
+            try:
+                rest: Iterator[bytes] = iter(result)
+                size = sum(map(len, chunks))
+                for chunk in rest:
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > self.policy.max_body:
+                        _stats.count("server.join.too-large")
+                        return _Streamed(chain(chunks, rest), result)
+            except BaseException:
+                _close(result)  # as the server would have, had it iterated the body itself
+                raise
             _close(result)
             if status:
                 answer = Answer(status[0], tuple(headers), b"".join(chunks))
             return [answer.body] if answer is not None else chunks
         finally:
+            ran(entry.signal)
             with self._lock:
                 if answer is None:
                     self.joins.abandon(key, entry)
@@ -155,6 +168,14 @@ class _Streamed:
         _close(self._result)
 
 
+def _refuse(start_response: StartResponse) -> list[bytes]:
+    """A re-attach with no run to join: refused, never run (see ``asgi_join``)."""
+    _stats.count("server.join.refused-rejoin")
+    status, headers, body = REFUSED
+    start_response(_status_line(status), list(headers))
+    return [body]
+
+
 def _close(result: Iterable[bytes]) -> None:
     close = getattr(result, "close", None)
     if close is not None:
@@ -163,8 +184,13 @@ def _close(result: Iterable[bytes]) -> None:
 
 def _read_body(environ: Environ, limit: int) -> bytes | None:
     """The request body when its length is declared and at most ``limit`` (``wsgi.input`` is
-    replaced so the app reads it again); ``None`` otherwise."""
-    raw = environ.get("CONTENT_LENGTH") or "0"
+    replaced so the app reads it again); ``None`` otherwise: a body of undeclared length (chunked),
+    one too long, or one that came short."""
+    raw = environ.get("CONTENT_LENGTH")
+    if not raw:
+        # No length: no body, unless one is coming in chunks.
+        chunked = environ.get("HTTP_TRANSFER_ENCODING") or environ.get("wsgi.input_terminated")
+        return None if chunked else b""
     try:
         length = int(raw)
     except ValueError:
@@ -178,7 +204,7 @@ def _read_body(environ: Environ, limit: int) -> bytes | None:
         return None
     body = bytes(stream.read(length))
     environ["wsgi.input"] = io.BytesIO(body)
-    return body
+    return body if len(body) == length else None
 
 
 def _wait(entry: Entry, deadline: float | None) -> Answer | None:

@@ -70,7 +70,7 @@ class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
     __slots__ = ("asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent", "path",
-                 "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
+                 "rejoin", "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
@@ -90,6 +90,7 @@ class Call:
         self.path: tuple[Hop, ...] = ()
         self.reply: Reply | None = None
         self.ok = False
+        self.rejoin = False  # a re-attach: joined, or refused, never run
 
 
 class Run:
@@ -305,6 +306,7 @@ class Sim:
                 rem = timeout
             child.remaining = c.state.given(rem, self.policy.grace, now, rejoins)
             child.path = (*c.path, act.hop)
+            child.rejoin = c.state.rejoin
         c.out = child
         c.sent = now
         c.asked.live += 1
@@ -357,6 +359,10 @@ class Sim:
         none to join, ``c`` becomes the run (and ``False``: serve it)."""
         key = (hop, c.asked.key)
         run = self._runs.get(key)
+        if run is None and c.rejoin:  # nothing to join: refused, as the join middlewares do
+            c.budget = 0
+            self._answer_as(c, False, Reply(0, True, "exhausted"), now)
+            return True
         if run is None:
             self._runs[key] = Run(c, budget)
             return False
@@ -373,11 +379,14 @@ class Sim:
         reply = run.call.reply
         assert reply is not None
         left = max(0, min(c.budget, reply.budget - (run.budget - c.budget)))
-        joined = Reply(left, reply.dnr, reply.reason, reply.pushback)
+        self._answer_as(c, run.call.ok, Reply(left, reply.dnr, reply.reason, reply.pushback), now)
+
+    def _answer_as(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
+        """Answer an arrival that did not run: a layer's as the loop's end, a target's as a job."""
         if c.layer is not None:
-            self._finish(c, run.call.ok, joined, now)
+            self._finish(c, ok, reply, now)
             return
-        c.ok, c.reply = run.call.ok, joined  # a target's waiter: answered like a job
+        c.ok, c.reply = ok, reply
         self.engine.at(now + self.world.latency, self._on_reply, c)
 
     def _ran(self, hop: str, c: Call, now: float) -> None:
