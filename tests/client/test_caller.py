@@ -45,7 +45,8 @@ def test_without_a_bound_question_each_call_mints_its_own(target: Target) -> Non
 def test_refused_gives_up_with_the_original_error_and_spends_only_our_own_retries() -> None:
     with askonce.question(budget=5), pytest.raises(ConnectionRefusedError) as info:
         call(policy(), refused_url())
-    assert info.value.askonce_reply == Reply(3)  # type: ignore[attr-defined]  # 5 - 2 retries, nothing held
+    # 5 - 2 retries, nothing held; this layer retried, so nobody above should (one_layer)
+    assert info.value.askonce_reply == Reply(3, True, "retried")  # type: ignore[attr-defined]
 
 
 def test_no_first_attempt_past_the_deadline(target: Target) -> None:

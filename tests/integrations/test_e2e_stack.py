@@ -37,7 +37,7 @@ from askonce.core.wire import QUESTION_HEADER
 from askonce.integrations.asgi import LEDGER_LOCK, AskonceASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
-from e2e_services import Answer, Edge, Stack, Target, client_policy, stack, uvicorn_running, waitress_running
+from e2e_services import ATTEMPTS, Answer, Edge, Stack, Target, client_policy, stack, uvicorn_running, waitress_running
 
 BUDGET = 3
 WORKERS = 8
@@ -76,25 +76,28 @@ def naive() -> Iterator[Stack]:
         yield s
 
 
-def test_outage_costs_at_most_one_plus_budget_arrivals_per_question(with_askonce: Stack) -> None:
+def test_an_outage_is_retried_by_the_layer_nearest_it_only(with_askonce: Stack) -> None:
     answers = run(with_askonce, "outage", 40, seed=1)
-    assert arrivals(with_askonce, answers) == [1 + BUDGET] * 40
-    assert {(a.status, a.reply) for a in answers} == {(503, Reply(0, True, "exhausted"))}
+    # rpc, nearest the target, tries its 3 times and says so (retried): nobody above retries,
+    # although the question has a retry of its budget left (one_layer).
+    assert ATTEMPTS < 1 + BUDGET and arrivals(with_askonce, answers) == [ATTEMPTS] * 40
+    left = BUDGET - (ATTEMPTS - 1)
+    assert {(a.status, a.reply) for a in answers} == {(503, Reply(left, True, "retried"))}
 
     # The key seen at the target is the one minted at the top, on every arrival...
     seen = [a for a in with_askonce.target.arrivals if a.rid in {x.key for x in answers}]
     assert all(a.key == a.rid for a in seen)
-    # ...and the attempt path says which hop retried: rpc twice, then svc once (its retry got b=0).
+    # ...and the attempt path says which hop retried: rpc, twice.
     paths = Counter(a.path for a in seen)
     prefix = ("edge:1", "api:1")
     assert paths == {(*prefix, "svc:1", "rpc:1"): 40, (*prefix, "svc:1", "rpc:2"): 40,
-                     (*prefix, "svc:1", "rpc:3"): 40, (*prefix, "svc:2", "rpc:1"): 40}
+                     (*prefix, "svc:1", "rpc:3"): 40}
     # The target's own ledger counts the same.
     assert with_askonce.ledger is not None
     with LEDGER_LOCK:
         report = with_askonce.ledger.report(time.time()).find("GET /outage")
-    assert report is not None and report.amplification == 1 + BUDGET and report.per_key.max == 1 + BUDGET
-    assert dict(report.retries_by) == {"rpc": 80, "svc": 40} and report.coverage == 1.0
+    assert report is not None and report.amplification == ATTEMPTS and report.per_key.max == ATTEMPTS
+    assert dict(report.retries_by) == {"rpc": 80} and report.coverage == 1.0
 
 
 def test_outage_without_askonce_multiplies_to_27(naive: Stack) -> None:

@@ -90,7 +90,7 @@ def test_refused_connections_are_retried_without_spending_the_callees_budget(met
     with askonce.question(budget=5), pytest.raises(requests.ConnectionError) as info:
         send(p, method, refused_url(), sleep=slept.append)
     assert slept == [0.001, 0.001]
-    assert info.value.askonce_reply == Reply(3)  # type: ignore[attr-defined]
+    assert info.value.askonce_reply == Reply(3, True, "retried")  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("path", "cause"), [("/slow", requests.ReadTimeout), ("/close", requests.ConnectionError)])

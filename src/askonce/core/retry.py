@@ -45,7 +45,12 @@ from askonce.core.wire import MAX_ATTEMPT, Reply
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """One layer's retry rules; ``budget`` and ``deadline`` apply only to questions it mints."""
+    """One layer's retry rules; ``budget`` and ``deadline`` apply only to questions it mints.
+
+    ``one_layer`` (on by default): a layer that retried and then reached its own attempt limit
+    tells its caller not to retry (``dnr``, reason ``retried``), so that only the layer nearest the
+    failure retries, whatever budget the question has left; off, the layers above may spend it.
+    """
 
     attempts: int = 3
     backoff: Backoff = Backoff()
@@ -54,6 +59,7 @@ class RetryPolicy:
     idempotent: bool = True
     min_attempt: float = 0.0
     max_pushback: float = 60.0
+    one_layer: bool = True
 
     def __post_init__(self) -> None:
         # An int: not a bool, float or str.
@@ -77,6 +83,8 @@ class RetryPolicy:
                              "or no attempt could ever start")
         if not (is_real(self.max_pushback) and 0 <= self.max_pushback <= 86_400):
             raise ValueError(f"max_pushback must be within 0..86400 s, got {self.max_pushback!r}")
+        if not isinstance(self.one_layer, bool):
+            raise ValueError(f"one_layer must be True or False, got {self.one_layer!r}")
 
 
 LOCAL = "local"  # an in-process call: the callee spends from the same account, nothing to infer
@@ -322,7 +330,7 @@ class RetryState:
             return self._give_up(Why.PUSHBACK, True, "overloaded",
                                  floor if floor == floor else None)
         if self.attempt >= policy.attempts:
-            return self._give_up(Why.ATTEMPTS)
+            return self._attempts_spent()
         self._floor, self._u = floor, u
         if self.bucket:
             return Acquire()
@@ -341,12 +349,20 @@ class RetryState:
             self.rejoin = True
             self._settle(LOST, None)  # fail closed: the work in flight may spend all of it
             if kind is Why.ATTEMPTS:
-                return self._give_up(kind)
+                return self._attempts_spent()
             return self._give_up(kind, True, kind.value)
         self.held -= 1
         self.rejoin = True
         self.attempt += 1
         return Wait(wait)
+
+    def _attempts_spent(self) -> GiveUp:
+        """This layer's own attempt limit. If it retried (``one_layer``), it was the layer nearest
+        the failure and has done the retrying for the question: it tells the layers above not to
+        retry (reason ``retried``), whatever budget is left."""
+        if self.policy.one_layer and self.attempt > 1:
+            return self._give_up(Why.ATTEMPTS, True, "retried")
+        return self._give_up(Why.ATTEMPTS)
 
     def acquired(self, ok: bool, now: float) -> Wait | GiveUp:
         """The shell took (or failed to take) the retry token that ``Acquire`` asked for."""

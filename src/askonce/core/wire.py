@@ -45,7 +45,7 @@ MAX_NAME = 32
 MAX_SIG_BYTES = 64
 
 REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open", "throttled",
-                     "shed"})
+                     "shed", "retried"})
 """Reasons defined in version 1. Other tokens are accepted (a newer peer's reason still means
 "do not retry") but reported as they came."""
 

@@ -155,6 +155,16 @@ class TargetSettings:
         return asdict(self)
 
 
+def layer_attempts(policy: str, budget: int) -> int:
+    """Tries per call at each middle layer: none again for no-retry, 3 for naive; for askonce
+    enough for the whole budget, which is what bounds it (only the layer nearest the failure
+    retries: ``RetryPolicy.one_layer``)."""
+    if policy == "no-retry":
+        return 1
+    default = LayerSettings().attempts
+    return max(default, 1 + budget) if policy == "askonce" else default
+
+
 def capacity_factor(capacity: tuple[tuple[float, float, float], ...], t: float) -> float:
     """The target's capacity factor ``t`` seconds into a run (1.0 outside every cut)."""
     for start, end, factor in capacity:

@@ -19,7 +19,13 @@ from typing import Any
 import httpx
 
 from askonce.demo import edge, measure
-from askonce.demo.params import LayerSettings, Scenario, poisson_schedule, question_keys
+from askonce.demo.params import (
+    LayerSettings,
+    Scenario,
+    layer_attempts,
+    poisson_schedule,
+    question_keys,
+)
 from askonce.demo.stack import CHAIN, Stack
 
 LEAD = 0.1  # seconds between configuring a run and its first question
@@ -61,7 +67,7 @@ class Runner:
             out[name] = LayerSettings(
                 mode="askonce" if policy == "askonce" else "naive",
                 downstream=self.stack.url(CHAIN[i + 1]),
-                attempts=1 if policy == "no-retry" else 3,
+                attempts=layer_attempts(policy, scenario.budget),
                 timeout=scenario.layer_timeout, grace=scenario.grace, join=scenario.join,
                 breaker=policy == "askonce" and name == "service",  # the layer nearest the target
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),

@@ -88,7 +88,8 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
     if policy not in ("no-retry", "naive", "askonce"):
         raise ValueError(f"policy must be one of no-retry, naive, askonce, got {policy!r}")
     layer = demo_params.LayerSettings()
-    chosen = preset(policy, Knobs(attempts=layer.attempts, budget=scenario.budget,
+    attempts = demo_params.layer_attempts(policy, scenario.budget)
+    chosen = preset(policy, Knobs(attempts=attempts, budget=scenario.budget,
                                   breaker=demo_params.DEMO_BREAKER, admission=None,
                                   askonce_breaker=True,
                                   backoff=Backoff(layer.backoff_base,
