@@ -9,12 +9,14 @@ lowered to it, and its ``askonce-reply`` says so.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from askonce import _stats
 from askonce._replies import recording
 from askonce.core import wire
+from askonce.core.join import JoinPolicy, Joins
 from askonce.core.question import Tab
 from askonce.core.wire import REPLY_HEADER, Reply
 from askonce.integrations._server import Arrival, note_failure
@@ -43,6 +45,25 @@ class Run:
         self.tab = tab
         self.budget = tab.account.left  # what the run was forwarded
         self.noted: BaseException | None = None  # the give-up its error answer stands for
+
+
+class Joining:
+    """What both join middlewares hold: the app, the policy, the principal callable, the table of
+    questions and its lock. ``request``: what the principal callable is given (for messages)."""
+
+    def __init__(self, app: Any, policy: JoinPolicy, principal: Callable[[Any], str] | None,
+                 *, kind: str, request: str) -> None:
+        if not callable(app):
+            raise ValueError(f"app must be {kind} application, got {app!r}")
+        if not isinstance(policy, JoinPolicy):
+            raise ValueError(f"policy must be a JoinPolicy, got {policy!r}")
+        if principal is not None and not callable(principal):
+            raise ValueError(f"principal must be a callable of the {request}, got {principal!r}")
+        self.app = app
+        self.policy = policy
+        self.principal = principal
+        self.joins = Joins(policy)
+        self._lock = threading.Lock()
 
 
 def ran(run: object) -> None:

@@ -28,12 +28,11 @@ table serves one event loop: a waiter on another loop runs unjoined (``server.jo
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 from askonce import _stats
 from askonce._context import current_frame
-from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+from askonce.core.join import Answer, Entry, JoinPolicy, Verdict
 from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
@@ -41,6 +40,7 @@ from askonce.integrations._join import (
     MAX_REARRIVALS,
     MAX_WAIT,
     REFUSED,
+    Joining,
     Run,
     announce,
     detach,
@@ -66,22 +66,14 @@ async def _refuse(send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class JoinASGIMiddleware:
+class JoinASGIMiddleware(Joining):
     """See the module docstring. ``policy``: how long answers are kept, how many, how large."""
+
+    app: ASGIApp
 
     def __init__(self, app: ASGIApp, *, policy: JoinPolicy = JoinPolicy(),
                  principal: Callable[[Scope], str] | None = None) -> None:
-        if not callable(app):
-            raise ValueError(f"app must be an ASGI application, got {app!r}")
-        if not isinstance(policy, JoinPolicy):
-            raise ValueError(f"policy must be a JoinPolicy, got {policy!r}")
-        if principal is not None and not callable(principal):
-            raise ValueError(f"principal must be a callable of the scope, got {principal!r}")
-        self.app = app
-        self.policy = policy
-        self.principal = principal
-        self.joins = Joins(policy)
-        self._lock = threading.Lock()
+        super().__init__(app, policy, principal, kind="an ASGI", request="scope")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         frame = current_frame()

@@ -26,7 +26,7 @@ from typing import Any
 
 from askonce import _stats
 from askonce._context import current_frame
-from askonce.core.join import Answer, Entry, JoinPolicy, Joins, Verdict
+from askonce.core.join import Answer, Entry, JoinPolicy, Verdict
 from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
@@ -34,6 +34,7 @@ from askonce.integrations._join import (
     MAX_REARRIVALS,
     MAX_WAIT,
     REFUSED,
+    Joining,
     Run,
     announce,
     digest,
@@ -48,23 +49,15 @@ __all__ = ["JoinWSGIMiddleware"]
 _JOINED = JOINED_HEADER.decode("ascii")
 
 
-class JoinWSGIMiddleware:
+class JoinWSGIMiddleware(Joining):
     """See the module docstring. ``principal(environ) -> str``: who asks (after your
     authentication); an answer is never replayed to another principal."""
 
+    app: WSGIApp
+
     def __init__(self, app: WSGIApp, *, policy: JoinPolicy = JoinPolicy(),
                  principal: Callable[[Environ], str] | None = None) -> None:
-        if not callable(app):
-            raise ValueError(f"app must be a WSGI application, got {app!r}")
-        if not isinstance(policy, JoinPolicy):
-            raise ValueError(f"policy must be a JoinPolicy, got {policy!r}")
-        if principal is not None and not callable(principal):
-            raise ValueError(f"principal must be a callable of the environ, got {principal!r}")
-        self.app = app
-        self.policy = policy
-        self.principal = principal
-        self.joins = Joins(policy)
-        self._lock = threading.Lock()
+        super().__init__(app, policy, principal, kind="a WSGI", request="environ")
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         frame = current_frame()
