@@ -1,0 +1,190 @@
+"""CPU seconds per question of the demo's real stack, naive against askonce, same run.
+
+Starts the demo's four processes (``askonce.demo.stack.Stack``: gateway and service FastAPI under
+uvicorn, the API Flask under waitress, the Starlette target) and runs one of its scenarios through
+the demo's own runner (``askonce.demo.runner.Runner``: configure, load from the edge in this
+process, wait until quiet, settle), once per policy per round, alternating the order each round.
+Around every run it reads each process's CPU time (utime + stime, every thread) from
+``/proc/<pid>/stat``, and this process's own (the edge, with the runner's few control calls), and
+divides by the questions asked. Figures: CPU ms per question per process, for the stack (the four
+servers) and with the edge, and askonce against the naive run of the same round (median over
+rounds, and the range). Beside them, the share of questions answered in time and the p50 latency,
+which say whether a stack kept up with the load (a collapsing stack does other work per question).
+
+``--compare SRC``: a second stack whose processes import askonce from ``SRC`` (another checkout's
+``src``), run with askonce in the same rounds: before and after a change, on the same load at the
+same moments. The edge always runs this process's askonce.
+
+    PYTHONPATH=src python bench/bench_stack_cpu.py                       # transient, 150 q/s, ~3 min
+    PYTHONPATH=src python bench/bench_stack_cpu.py --rounds 5 --duration 10
+    PYTHONPATH=src python bench/bench_stack_cpu.py --compare /tmp/askonce-before/src
+    PYTHONPATH=src python bench/bench_stack_cpu.py --rate 60                # below saturation
+
+The child processes import askonce from ``PYTHONPATH`` (set it to this checkout's ``src`` when
+askonce is installed from another one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import askonce
+from askonce.demo.params import scenarios
+from askonce.demo.runner import Runner
+from askonce.demo.stack import CHAIN, Stack
+
+TICK = os.sysconf("SC_CLK_TCK")
+ROUNDS = 3
+DURATION = 10.0  # seconds of load per run
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+
+
+def self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+@contextlib.contextmanager
+def pythonpath(src: str | None) -> Iterator[None]:
+    """``PYTHONPATH`` for the processes a stack spawns meanwhile."""
+    old = os.environ.get("PYTHONPATH")
+    if src is not None:
+        os.environ["PYTHONPATH"] = src
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def snapshot(stack: Stack) -> dict[str, float]:
+    out = {name: proc_cpu(stack.procs[name].popen.pid) for name in CHAIN}
+    out["edge"] = self_cpu()
+    return out
+
+
+async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
+    stack = runner.stack
+    before, t0 = snapshot(stack), time.monotonic()
+    run = await runner.run(scenario, policy, settle=True)
+    after, wall = snapshot(stack), time.monotonic() - t0
+    row = run.row
+    n = row["questions"]
+    cpu = {k: 1000.0 * (after[k] - before[k]) / n for k in after}  # ms per question
+    cpu["stack"] = sum(cpu[k] for k in CHAIN)
+    cpu["all"] = cpu["stack"] + cpu["edge"]
+    return {"policy": policy, "cpu": cpu, "questions": n, "wall_s": wall,
+            "ok": row["success_rate"], "p50": row["latency_ms"]["p50"],
+            "settled": row.get("settled", True), "load": os.getloadavg()[0]}
+
+
+async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
+    scenario = scenarios(seed=args.seed)[args.scenario]
+    scenario = replace(scenario, duration=args.duration,
+                       rate=args.rate if args.rate is not None else scenario.rate)
+    cases: list[tuple[str, str]] = [("naive", "main"), ("askonce", "main")]
+    with contextlib.ExitStack() as stacks:
+        main = stacks.enter_context(Stack())
+        runners = {"main": Runner(main, seed=args.seed)}
+        if args.compare is not None:
+            with pythonpath(args.compare):
+                other = stacks.enter_context(Stack())
+            runners["compare"] = Runner(other, seed=args.seed)
+            cases.append(("askonce", "compare"))
+        for stack in {id(r.stack): r.stack for r in runners.values()}.values():
+            stack.ready()
+        # A warm-up run of each case: imports, pools and caches are not charged to the first.
+        warm = replace(scenario, duration=min(2.0, args.duration))
+        for policy, where in cases:
+            await runners[where].run(warm, policy, settle=True)
+        rounds = []
+        for i in range(args.rounds):
+            order = cases if i % 2 == 0 else cases[::-1]
+            results = {}
+            for policy, where in order:
+                r = await one_run(runners[where], scenario, policy)
+                r["case"] = policy if where == "main" else f"{policy} ({args.compare})"
+                results[(policy, where)] = r
+                print(f"round {i + 1}: {r['case']:<12} {r['cpu']['stack']:.2f} ms/q stack, "
+                      f"{r['cpu']['edge']:.2f} edge, ok {100 * (r['ok'] or 0):.1f} %, "
+                      f"p50 {r['p50'] or 0:.0f} ms, load {r['load']:.1f}", file=sys.stderr)
+            rounds.append([results[c] for c in cases])
+    return rounds
+
+
+def fmt_range(values: list[float], spec: str) -> str:
+    med = statistics.median(values)
+    return f"{med:{spec}} ({min(values):{spec}}..{max(values):{spec}})"
+
+
+def table(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    cols = [*CHAIN, "stack", "edge", "all"]
+    lines = [
+        f"## The demo's stack: CPU per question, {args.scenario} at "
+        f"{args.rate or scenarios()[args.scenario].rate:g} q/s for {args.duration:g} s, "
+        f"{len(rounds)} rounds",
+        "",
+        f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, askonce from {Path(askonce.__file__).parent}; "
+        f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        "",
+        "CPU ms per question, median over rounds (min..max); the ratio is each round's askonce "
+        "over that round's naive.",
+        "",
+        "| case | " + " | ".join(cols) + " | answered in time | p50 ms |",
+        "|---|" + "---:|" * (len(cols) + 2),
+    ]
+    for j, first in enumerate(rounds[0]):
+        runs = [r[j] for r in rounds]
+        cells = [fmt_range([run["cpu"][c] for run in runs], ".2f") for c in cols]
+        ok = fmt_range([100 * (run["ok"] or 0) for run in runs], ".1f")
+        p50 = fmt_range([run["p50"] or 0 for run in runs], ".0f")
+        lines.append(f"| {first['case']} | " + " | ".join(cells) + f" | {ok} % | {p50} |")
+        if j > 0:
+            ratios = [fmt_range([100 * (r[j]["cpu"][c] / r[0]["cpu"][c] - 1)
+                                 if r[0]["cpu"][c] else 0.0 for r in rounds], "+.1f") + " %"
+                      for c in cols]
+            lines.append(f"| {first['case']} vs naive | " + " | ".join(ratios) + " | | |")
+    unsettled = sum(1 for r in rounds for run in r if not run["settled"])
+    if unsettled:
+        lines += ["", f"{unsettled} runs did not settle (the stack was restarted after them)."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", default="transient", choices=("transient", "slow", "outage"))
+    ap.add_argument("--rate", type=float, default=None, help="questions per second "
+                    "(default: the scenario's)")
+    ap.add_argument("--duration", type=float, default=DURATION)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--compare", metavar="SRC", help="also askonce from another checkout's src")
+    args = ap.parse_args(argv)
+    rounds = asyncio.run(bench(args))
+    print(table(rounds, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
