@@ -717,3 +717,93 @@ async def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
 
 def _args(ex: Exchange) -> tuple[Any, Any, Any]:
     return ex.scope, ex.receive, ex.send
+
+
+class Gate:
+    """An app that holds every request until released (no timer of its own), then answers 200."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.open.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+class CountingExchange(Exchange):
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        super().__init__(headers)
+        self.reads = 0
+
+    async def receive(self) -> dict[str, Any]:
+        self.reads += 1
+        return await super().receive()
+
+
+async def test_slow_requests_with_a_deadline_get_neither_a_timer_nor_a_task_of_their_own() -> None:
+    loop = asyncio.get_running_loop()
+    gate = Gate()
+    mw = AskonceASGIMiddleware(gate, layer="api")
+    scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+    exchanges = [CountingExchange(question(deadline_ms=5000)) for _ in range(40)]
+    tasks = [asyncio.create_task(mw(*_args(ex))) for ex in exchanges]
+    tasks_before = len(asyncio.all_tasks())
+    await asyncio.sleep(0.15)  # past the moment a request without a deadline gets its watcher
+    assert len(asyncio.all_tasks()) == tasks_before  # no watcher task
+    assert len(loop._scheduled) <= scheduled + 2  # type: ignore[attr-defined]  # the sweep and our sleep
+    assert all(ex.reads == 0 for ex in exchanges)  # nothing read ahead of the app
+    gate.open.set()
+    await asyncio.gather(*tasks)
+    assert all(ex.sent[0]["status"] == 200 for ex in exchanges)
+
+
+async def test_a_slow_request_without_a_deadline_is_still_watched_for_a_disconnect() -> None:
+    gate = Gate()
+    mw = AskonceASGIMiddleware(gate, layer="api")
+    ex = CountingExchange()  # no question: minted here, nothing says when the caller stops listening
+    task = asyncio.create_task(mw(*_args(ex)))
+    await asyncio.sleep(0.15)
+    assert ex.reads >= 1  # the watcher reads ahead of the app
+    gate.open.set()
+    await task
+    assert ex.sent[0]["status"] == 200
+
+
+async def test_each_request_is_cancelled_at_its_own_deadline_whatever_the_order_they_came_in() -> None:
+    loop = asyncio.get_running_loop()
+    mw = AskonceASGIMiddleware(Gate(), layer="api")
+    ended: dict[int, float] = {}
+
+    async def one(deadline_ms: int) -> None:
+        ex = Exchange(question(deadline_ms=deadline_ms))
+        started = loop.time()
+        await mw(*_args(ex))
+        assert ex.sent[0]["status"] == 503
+        assert loop.time() - started >= deadline_ms / 1000 - 0.005  # not before its deadline
+        ended[deadline_ms] = loop.time()
+
+    await asyncio.gather(*(one(ms) for ms in (300, 100, 200, 150)))
+    assert sorted(ended, key=ended.__getitem__) == [100, 150, 200, 300]
+
+
+async def test_ended_requests_do_not_pile_up_behind_one_that_runs_on() -> None:
+    from askonce.integrations.asgi import _sweeps
+
+    async def quick(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = Gate()
+    hold = asyncio.create_task(AskonceASGIMiddleware(gate, layer="api")(
+        *_args(Exchange(question(deadline_ms=1000)))))  # the earliest deadline, first in the heap
+    await asyncio.sleep(0)
+    fast = AskonceASGIMiddleware(quick, layer="api")
+    for _ in range(2000):
+        await fast(*_args(Exchange(question(deadline_ms=60_000))))
+    sweep = _sweeps[asyncio.get_running_loop()]
+    assert sweep.live == 1
+    assert len(sweep.deadlines) <= 2 * sweep.live + 65
+    gate.open.set()
+    await hold
+    assert sweep.live == 0

@@ -11,18 +11,26 @@ Per HTTP request (other scope types pass through untouched) it does what :mod:`.
 * **deadline**: a handler still running when the propagated deadline passes, before its response has
   started, is cancelled and answered 503 with ``dnr`` reason ``deadline``;
 * **disconnect**: when the client goes away before the response is complete, the handler is
-  cancelled (uvicorn itself never does: the work would be wasted). A request still running after
-  ``WATCH_AFTER`` seconds gets a watcher task that reads ``receive`` for the app, through a
-  one-message buffer, so it sees ``http.disconnect`` while the app works; quicker requests never pay
-  for the task. With ``Expect: 100-continue`` the watcher waits until the app has read once, so the
-  app still decides whether the body is sent.
+  cancelled (uvicorn itself never does: the work would be wasted).
 
-Neither costs a timer per request: the running requests of an event loop wait in one queue, in
-arrival order, visited by one timer (``_Sweep``) at most every ``SWEEP_EVERY`` seconds. A request
-still running when visited, ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it
-started, gets its watcher, and a timer for its deadline; a deadline nearer than that gets its timer
-at once. So the deadline is kept to the same instant as with a timer per request, and most requests,
-done before the sweep comes by, never make one.
+A caller that sends a deadline stops listening at it: the askonce clients send each attempt's own
+limit (an attempt's timeout, capped by the question's time), so a caller that gives up on an
+attempt does so at the deadline this layer enforces anyway. Only a request *without* a propagated
+deadline (none arrived, it was minted here, or ``shed_deadline=False``) is watched for a
+disconnect: once it has run ``WATCH_AFTER`` seconds, a watcher task reads ``receive`` for the app,
+through a one-message buffer, so it sees ``http.disconnect`` while the app works; quicker requests
+never pay for the task. With ``Expect: 100-continue`` the watcher waits until the app has read
+once, so the app still decides whether the body is sent. A caller with a deadline that goes away
+earlier for another reason leaves its handler running until that deadline at most (and a run that
+others may join, ``asgi_join``, is never cancelled on a disconnect).
+
+Neither needs a timer per request: the running requests of an event loop are visited by one timer
+(``_Sweep``). Those with a deadline wait in a heap ordered by deadline, the timer set for the
+earliest, so the deadline is kept to the same instant as with a timer per request; a request that
+ends empties its entry, which is dropped when it comes first (or when empty entries outnumber the
+others). Those to watch wait in a queue in arrival order, visited at most every ``SWEEP_EVERY``
+seconds: one still running ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it
+started gets its watcher.
 
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
 cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the
@@ -34,6 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
+import itertools
+import math
 import threading
 import weakref
 from collections import deque
@@ -187,43 +198,94 @@ class AskonceASGIMiddleware:
 
 
 class _Sweep:
-    """One loop's running requests, in arrival order, visited by one timer (module docstring).
+    """One loop's running requests: deadlines in a heap, requests to watch in arrival order, one
+    timer for both (module docstring).
 
-    It holds the requests weakly and no handle of the loop, so that a loop stopped with requests
+    An entry is ``[when, seq, exchange]``; a request that ends sets its exchange to ``None``. The
+    sweep holds no handle of the loop (its timer only weakly), so that a loop stopped with requests
     still queued (a test's) can be collected, and with it this entry of ``_sweeps``.
     """
 
-    __slots__ = ("armed", "context", "due")
+    __slots__ = ("at", "context", "deadlines", "due", "live", "seq", "timer")
 
     def __init__(self) -> None:
-        self.due: deque[tuple[float, weakref.ref[_Exchange]]] = deque()
-        self.armed = False
+        self.deadlines: list[list[Any]] = []
+        self.due: deque[list[Any]] = deque()
+        self.live = 0  # entries of the heap whose request still runs
+        self.seq = itertools.count()  # ties in the heap never compare exchanges
+        self.at = math.inf  # when the timer fires (``_stats.monotonic``); inf: not armed
+        self.timer: Callable[[], asyncio.TimerHandle | None] = _no_timer
         # The timer runs in a context of its own, not in that of the request that happened to arm it
         # (which it would keep alive from visit to visit); the watcher tasks it starts need none of
         # a request's variables.
         self.context = contextvars.Context()
 
-    def add(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
+    def add_deadline(self, exchange: _Exchange, deadline: float,
+                     loop: asyncio.AbstractEventLoop) -> list[Any]:
+        """Cancel ``exchange`` at ``deadline`` unless it ends first (its entry emptied)."""
+        heap = self.deadlines
+        entry = [deadline, next(self.seq), exchange]
+        heapq.heappush(heap, entry)
+        self.live += 1
+        if len(heap) > 2 * self.live + 64:  # mostly ended requests whose deadlines are still ahead
+            heap[:] = [e for e in heap if e[2] is not None]
+            heapq.heapify(heap)
+        if deadline < self.at:
+            self.arm(deadline, loop)
+        return entry
+
+    def add_watch(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> list[Any]:
         """Visit ``exchange`` ``WATCH_AFTER`` seconds from now (or up to ``SWEEP_EVERY`` later)."""
-        at = loop.time() + WATCH_AFTER
-        self.due.append((at, weakref.ref(exchange)))
-        if not self.armed:
-            self.armed = True
-            loop.call_at(at, self.visit, loop, context=self.context)
+        at = _stats.monotonic() + WATCH_AFTER
+        entry = [at, 0, exchange]
+        self.due.append(entry)
+        if len(self.due) == 1 and at < self.at:
+            self.arm(at, loop)
+        return entry
+
+    def ended(self, entry: list[Any]) -> None:
+        """A request with a deadline has ended: its entry is emptied, and dropped if first."""
+        entry[2] = None
+        self.live -= 1
+        heap = self.deadlines
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+
+    def arm(self, at: float, loop: asyncio.AbstractEventLoop) -> None:
+        old = self.timer()
+        if old is not None:
+            old.cancel()
+        self.at = at
+        handle = loop.call_later(max(0.0, at - _stats.monotonic()), self.visit, loop,
+                                 context=self.context)
+        self.timer = weakref.ref(handle)
 
     def visit(self, loop: asyncio.AbstractEventLoop) -> None:
-        due, now = self.due, loop.time()
+        self.at, self.timer = math.inf, _no_timer
+        heap, due, now = self.deadlines, self.due, _stats.monotonic()
         try:
-            while due and due[0][0] <= now:
-                exchange = due.popleft()[1]()
+            while heap and heap[0][0] <= now:
+                exchange = heapq.heappop(heap)[2]
                 if exchange is not None:
+                    self.live -= 1
+                    exchange.entry = None
+                    exchange.cancel("deadline")
+            while due and due[0][0] <= now:
+                exchange = due.popleft()[2]
+                if exchange is not None:
+                    exchange.entry = None
                     exchange.visited(loop)
         finally:  # whatever happened to one request, the others are still visited
-            if due:
-                loop.call_at(max(due[0][0], now + SWEEP_EVERY), self.visit, loop,
-                             context=self.context)
-            else:
-                self.armed = False
+            while heap and heap[0][2] is None:
+                heapq.heappop(heap)
+            at = min(heap[0][0] if heap else math.inf,
+                     max(due[0][0], now + SWEEP_EVERY) if due else math.inf)
+            if at < self.at:
+                self.arm(at, loop)
+
+
+def _no_timer() -> None:
+    return None
 
 
 _sweeps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweep] = weakref.WeakKeyDictionary()
@@ -245,11 +307,13 @@ class _Exchange:
     """
 
     started = completed = running = gone = only_ours = False
-    reading = deferred = watching = timing = False
+    reading = deferred = False
     reason: str | None = None
     replaced: Answer | None = None
     task: asyncio.Task[Any] | None = None
-    timer: asyncio.TimerHandle | None = None
+    sweep: _Sweep | None = None
+    entry: list[Any] | None = None  # its entry in the sweep's heap (a deadline) or queue (a watch)
+    timed = False  # the entry is the heap's
     pump: asyncio.Task[None] | None = None
     queue: asyncio.Queue[Message] | None = None
 
@@ -261,51 +325,44 @@ class _Exchange:
         self.send_ = send
 
     def start(self, expect: bool) -> Receive:
-        """Arrange the deadline and the disconnect watch; the ``receive`` to give the app."""
+        """Arrange the deadline or the disconnect watch; the ``receive`` to give the app."""
         mw, receive = self.mw, self.receive_
-        self.task = asyncio.current_task()
-        if self.task is not None:
-            loop = self.task.get_loop()
-            deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
-            if deadline is not None:
-                if deadline - _stats.monotonic() <= WATCH_AFTER + SWEEP_EVERY:
-                    self.arm(loop)  # sooner than the sweep would come by: a timer of its own now
-                else:
-                    self.timing = True
-            if mw.cancel_on_disconnect:
-                receive = self.app_receive
-                if expect:
-                    self.deferred = True  # the watcher is armed after the app's first read
-                else:
-                    self.watching = True
-            if self.timing or self.watching:
-                mw.sweep(loop).add(self, loop)
+        self.task = task = asyncio.current_task()
+        if task is None:
+            return receive
+        deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
+        if deadline is not None:
+            loop = task.get_loop()
+            self.sweep = sweep = mw.sweep(loop)
+            self.timed = True
+            self.entry = sweep.add_deadline(self, deadline, loop)
+        elif mw.cancel_on_disconnect:
+            receive = self.app_receive
+            if expect:
+                self.deferred = True  # the watcher is armed after the app's first read
+            else:
+                loop = task.get_loop()
+                self.sweep = sweep = mw.sweep(loop)
+                self.entry = sweep.add_watch(self, loop)
         return receive
 
-    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The timer that cancels the handler at the propagated deadline."""
-        deadline = self.arrival.deadline
-        assert deadline is not None
-        self.timer = loop.call_later(max(0.0, deadline - _stats.monotonic()), self.cancel,
-                                     "deadline")
-
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The sweep came by: a running request gets its deadline timer and disconnect watcher."""
-        if not self.running:
-            return
-        if self.timing:
-            self.timing = False
-            self.arm(loop)
-        if self.watching:
-            self.watching = False
+        """The sweep came by: a running request to watch gets its disconnect watcher."""
+        if self.running:
             self.watch(loop)
 
     def finish(self) -> bool:
         """Stop watching; True if the only cancellation the task received was ours."""
         if self.running:
             self.running = False
-            if self.timer is not None:
-                self.timer.cancel()
+            entry = self.entry
+            if entry is not None:
+                self.entry = None
+                if self.timed:
+                    assert self.sweep is not None
+                    self.sweep.ended(entry)
+                else:
+                    entry[2] = None
             if self.pump is not None:
                 self.pump.cancel()
             if self.reason is not None and self.task is not None:
@@ -358,8 +415,8 @@ class _Exchange:
         if not self.running or self.completed or self.pump is not None:
             return
         if self.reading:  # the app is in receive() itself and will hear of a disconnect first-hand
-            self.watching = True
-            self.mw.sweep(loop).add(self, loop)
+            self.sweep = sweep = self.mw.sweep(loop)
+            self.entry = sweep.add_watch(self, loop)
             return
         self.queue = asyncio.Queue(maxsize=1)
         self.pump = loop.create_task(self._pump(self.queue))
@@ -390,9 +447,9 @@ class _Exchange:
             if self.deferred:
                 self.deferred = False
                 if self.running:
-                    self.watching = True
                     loop = asyncio.get_running_loop()
-                    self.mw.sweep(loop).add(self, loop)
+                    self.sweep = sweep = self.mw.sweep(loop)
+                    self.entry = sweep.add_watch(self, loop)
             return message
         if self.gone and queue.empty():
             return {"type": "http.disconnect"}
