@@ -197,3 +197,38 @@ def test_a_waiter_on_another_event_loop_runs_unjoined_instead_of_hanging() -> No
     assert not first.is_alive() and not second.is_alive()
     assert [r[0] for r in results] == [200, 200]
     assert echo.runs in (1, 2)  # 2 when they overlapped (the usual case); 1 if the first was done
+
+
+def test_the_reply_says_joins_with_what_is_left_and_a_noted_give_up_keeps_its_reason() -> None:
+    from askonce.core.wire import REPLY_HEADER, Reply, parse_reply
+    from askonce.errors import attach_reply
+    from askonce.integrations.asgi import note_failure
+
+    async def noted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        exc = RuntimeError("downstream gave up")
+        attach_reply(exc, Reply(0, True, "overloaded"))
+        note_failure(exc)  # and answers on its own, not with an error
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"fallback"})
+
+    async def call(app: Any, budget: int) -> Reply:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        value = format_question(new_key(), "edge", True, budget, 10.0)
+        await app({"type": "http", "method": "GET", "path": "/", "query_string": b"",
+                   "headers": [(QUESTION_HEADER.encode(), value.encode())]}, receive, send)
+        reply = parse_reply(dict(sent[0]["headers"])[REPLY_HEADER.encode()].decode())
+        assert isinstance(reply, Reply)
+        return reply
+
+    _, _, app = _stack()
+    assert asyncio.run(call(app, 2)) == Reply(2, joins=True)
+    assert asyncio.run(call(app, 0)) == Reply(0, joins=True)
+    fallback = AskonceASGIMiddleware(JoinASGIMiddleware(noted), layer="target")
+    assert asyncio.run(call(fallback, 2)) == Reply(0, True, "overloaded", joins=True)
