@@ -807,3 +807,27 @@ async def test_ended_requests_do_not_pile_up_behind_one_that_runs_on() -> None:
     gate.open.set()
     await hold
     assert sweep.live == 0
+
+
+async def test_deadlines_hold_on_a_loop_whose_timer_handles_cannot_be_weakly_referenced() -> None:
+    loop = asyncio.get_running_loop()
+
+    class Handle:
+        __slots__ = ("handle",)  # no __weakref__
+
+        def __init__(self, handle: asyncio.TimerHandle) -> None:
+            self.handle = handle
+
+        def cancel(self) -> None:
+            self.handle.cancel()
+
+    original = loop.call_later
+    loop.call_later = lambda *a, **k: Handle(original(*a, **k))  # type: ignore[assignment,method-assign,return-value]
+    try:
+        mw = AskonceASGIMiddleware(Gate(), layer="api")
+        exchanges = [Exchange(question(deadline_ms=ms)) for ms in (200, 100)]  # the second re-arms
+        await asyncio.gather(*(mw(*_args(ex)) for ex in exchanges))
+    finally:
+        del loop.call_later  # type: ignore[method-assign]
+    assert [ex.sent[0]["status"] for ex in exchanges] == [503, 503]
+    assert loop.call_later == original

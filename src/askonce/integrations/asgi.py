@@ -258,7 +258,10 @@ class _Sweep:
         self.at = at
         handle = loop.call_later(max(0.0, at - _stats.monotonic()), self.visit, loop,
                                  context=self.context)
-        self.timer = weakref.ref(handle)
+        try:
+            self.timer = weakref.ref(handle)
+        except TypeError:  # a loop whose handles cannot be weakly referenced: the old one fires
+            self.timer = _no_timer
 
     def visit(self, loop: asyncio.AbstractEventLoop) -> None:
         self.at, self.timer = math.inf, _no_timer
