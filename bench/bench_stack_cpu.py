@@ -12,7 +12,8 @@ servers) and with the edge, and askonce against the naive run of the same round 
 rounds, and the range). Beside them, the share of questions answered in time and the p50 latency,
 which say whether a stack kept up with the load (a collapsing stack does other work per question).
 
-``--compare SRC``: a second stack whose processes import askonce from ``SRC`` (another checkout's
+``--no-join``: also askonce with the scenario's ``join=False`` (no join middlewares), to tell
+their share. ``--compare SRC``: a second stack whose processes import askonce from ``SRC`` (another checkout's
 ``src``), run with askonce in the same rounds: before and after a change, on the same load at the
 same moments. The edge always runs this process's askonce.
 
@@ -111,7 +112,11 @@ async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
     scenario = scenarios(seed=args.seed)[args.scenario]
     scenario = replace(scenario, duration=args.duration,
                        rate=args.rate if args.rate is not None else scenario.rate)
-    cases: list[tuple[str, str]] = [("naive", "main"), ("askonce", "main")]
+    # (label, stack, scenario, policy)
+    cases: list[tuple[str, str, Any, str]] = [("naive", "main", scenario, "naive"),
+                                              ("askonce", "main", scenario, "askonce")]
+    if args.no_join:
+        cases.append(("askonce, no join", "main", replace(scenario, join=False), "askonce"))
     with contextlib.ExitStack() as stacks:
         main = stacks.enter_context(Stack())
         runners = {"main": Runner(main, seed=args.seed)}
@@ -119,25 +124,24 @@ async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
             with pythonpath(args.compare):
                 other = stacks.enter_context(Stack())
             runners["compare"] = Runner(other, seed=args.seed)
-            cases.append(("askonce", "compare"))
+            cases.append((f"askonce ({args.compare})", "compare", scenario, "askonce"))
         for stack in {id(r.stack): r.stack for r in runners.values()}.values():
             stack.ready()
         # A warm-up run of each case: imports, pools and caches are not charged to the first.
-        warm = replace(scenario, duration=min(2.0, args.duration))
-        for policy, where in cases:
-            await runners[where].run(warm, policy, settle=True)
+        for _, where, sc, policy in cases:
+            await runners[where].run(replace(sc, duration=min(2.0, args.duration)), policy)
         rounds = []
         for i in range(args.rounds):
             order = cases if i % 2 == 0 else cases[::-1]
             results = {}
-            for policy, where in order:
-                r = await one_run(runners[where], scenario, policy)
-                r["case"] = policy if where == "main" else f"{policy} ({args.compare})"
-                results[(policy, where)] = r
-                print(f"round {i + 1}: {r['case']:<12} {r['cpu']['stack']:.2f} ms/q stack, "
+            for label, where, sc, policy in order:
+                r = await one_run(runners[where], sc, policy)
+                r["case"] = label
+                results[label] = r
+                print(f"round {i + 1}: {label:<12} {r['cpu']['stack']:.2f} ms/q stack, "
                       f"{r['cpu']['edge']:.2f} edge, ok {100 * (r['ok'] or 0):.1f} %, "
                       f"p50 {r['p50'] or 0:.0f} ms, load {r['load']:.1f}", file=sys.stderr)
-            rounds.append([results[c] for c in cases])
+            rounds.append([results[c[0]] for c in cases])
     return rounds
 
 
@@ -190,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compare", metavar="SRC", help="also askonce from another checkout's src")
+    ap.add_argument("--no-join", action="store_true",
+                    help="also askonce without the join middlewares (the scenario's join=False)")
     args = ap.parse_args(argv)
     rounds = asyncio.run(bench(args))
     print(table(rounds, args))
