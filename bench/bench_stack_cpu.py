@@ -12,7 +12,10 @@ servers) and with the edge, and askonce against the naive run of the same round 
 rounds, and the range). Beside them, the share of questions answered in time and the p50 latency,
 which say whether a stack kept up with the load (a collapsing stack does other work per question).
 
-``--no-join``: also askonce with the scenario's ``join=False`` (no join middlewares), to tell
+``--pieces``: no processes; each layer's code called in this process on stub transports (no
+sockets, no server), naive, askonce, and askonce without one piece at a time (the join
+middleware, the askonce client, the breaker), to tell what each piece costs. ``--no-join``: also
+askonce with the scenario's ``join=False`` (no join middlewares), to tell
 their share. ``--compare SRC``: a second stack whose processes import askonce from ``SRC`` (another checkout's
 ``src``), run with askonce in the same rounds: before and after a change, on the same load at the
 same moments. The edge always runs this process's askonce.
@@ -21,6 +24,7 @@ same moments. The edge always runs this process's askonce.
     PYTHONPATH=src python bench/bench_stack_cpu.py --rounds 5 --duration 10
     PYTHONPATH=src python bench/bench_stack_cpu.py --compare /tmp/askonce-before/src
     PYTHONPATH=src python bench/bench_stack_cpu.py --rate 60                # below saturation
+    PYTHONPATH=src python bench/bench_stack_cpu.py --pieces --rounds 15     # in-process, ~1 min
 
 The child processes import askonce from ``PYTHONPATH`` (set it to this checkout's ``src`` when
 askonce is installed from another one).
@@ -185,6 +189,168 @@ def table(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# --- --pieces: the demo's layers in-process, on stub transports, without each piece in turn -------
+
+
+def _pieces(n: int, rounds: int) -> str:
+    """CPU µs per request of each layer's code in this process (no sockets, no server): naive,
+    askonce, and askonce without one piece at a time, so that each piece's share shows."""
+    import gc
+    import io
+    import random
+
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    from askonce.core import wire
+    from askonce.core.question import Hop, mint_key
+    from askonce.demo import layer_asgi, layer_wsgi, target
+    from askonce.demo.params import LayerSettings, TargetSettings
+    from askonce.integrations.httpx import AsyncAskonceTransport
+
+    rng = random.Random(1)
+    keys = [wire.format_question(mint_key(1_700_000_000_000 + i, rng.randbytes(16)), "edge", True,
+                                 3, 2.5, (Hop("edge", 1),)) for i in range(n)]
+    reply = [(b"content-type", b"text/plain"), (b"content-length", b"3"),
+             (b"askonce-reply", b"v=1, b=3")]
+
+    class Stub(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, headers=reply, content=b"ok\n")
+
+    def stub_send(self: Any, request: Any, **kwargs: Any) -> requests.Response:
+        r = requests.Response()
+        r.status_code, r.raw, r.url, r.request = 200, io.BytesIO(b"ok\n"), request.url, request
+        r.headers = requests.structures.CaseInsensitiveDict({k.decode(): v.decode() for k, v in reply})
+        return r
+
+    def scope(mode: str, key: str) -> dict[str, Any]:
+        name = b"askonce-question" if mode == "askonce" else b"x-question-id"
+        return {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+                "path": "/q", "raw_path": b"/q", "query_string": b"", "root_path": "",
+                "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+                "headers": [(b"host", b"127.0.0.1:8000"), (b"accept", b"*/*"),
+                            (name, key.encode())]}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def asgi_layer(name: str, mode: str, join: bool = True, breaker: bool = True,
+                         mw: bool = True, client: bool = True) -> Any:
+        layer = layer_asgi.Layer(name)
+        await layer.configure(LayerSettings(mode=mode, downstream="http://stub", join=join,
+                                            breaker=mode == "askonce" and breaker))
+        for c in layer.clients:
+            askonce_client = mode == "askonce" and client
+            c._transport = (AsyncAskonceTransport(Stub(), policy=c._transport.caller.policy,
+                                                  store=c._transport.caller.store)
+                            if askonce_client else Stub())
+        if mode == "askonce" and not mw:
+            layer.askonce_app = layer.askonce_app.app
+        return layer
+
+    async def the_target(mode: str, join: bool = True) -> Any:
+        t = target.Target()
+        t.settings = TargetSettings(mode=mode, service_time=0.0, slots=64, join=join)
+        t.reset()
+        return t
+
+    async def time_asgi(app: Any, mode: str) -> float:
+        for key in keys[:100]:
+            await app(scope(mode, key), receive, send)
+        gc.collect()
+        gc.disable()  # the collector's pauses land in one case or another: timed without
+        try:
+            t0 = time.process_time()
+            for key in keys:
+                await app(scope(mode, key), receive, send)
+            return (time.process_time() - t0) / n * 1e6
+        finally:
+            gc.enable()
+
+    def time_wsgi(mode: str, join: bool = True, mw: bool = True) -> float:
+        api = layer_wsgi.Api()
+        api.configure(LayerSettings(mode=mode, downstream="http://stub", join=join))
+        if mode == "askonce" and not mw:
+            api.askonce_app = api.askonce_app.app
+        header = "HTTP_ASKONCE_QUESTION" if mode == "askonce" else "HTTP_X_QUESTION_ID"
+
+        def one(key: str) -> None:
+            environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/q", "QUERY_STRING": "",
+                       "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
+                       "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+                       "wsgi.input": io.BytesIO(b""), "wsgi.errors": sys.stderr,
+                       "wsgi.multithread": True, "wsgi.multiprocess": False,
+                       "wsgi.run_once": False, "HTTP_HOST": "127.0.0.1:8000", header: key}
+            body = api(environ, lambda status, headers, exc_info=None: None)
+            for _ in body:
+                pass
+            getattr(body, "close", lambda: None)()
+
+        for key in keys[:100]:
+            one(key)
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.process_time()
+            for key in keys:
+                one(key)
+            return (time.process_time() - t0) / n * 1e6
+        finally:
+            gc.enable()
+
+    async def asgi(name: str, mode: str, **kw: Any) -> float:
+        app = await (the_target(mode, **kw) if name == "target" else asgi_layer(name, mode, **kw))
+        return await time_asgi(app, mode)
+
+    cases: list[tuple[str, str, Any]] = []
+    for name in ("gateway", "service"):
+        cases += [(name, "naive", lambda nm=name: asgi(nm, "naive")),
+                  (name, "askonce", lambda nm=name: asgi(nm, "askonce")),
+                  (name, "without the join middleware", lambda nm=name: asgi(nm, "askonce",
+                                                                             join=False)),
+                  (name, "... and without the askonce client (a plain transport)",
+                   lambda nm=name: asgi(nm, "askonce", join=False, client=False))]
+    cases.insert(6, ("service", "without the breaker", lambda: asgi("service", "askonce",
+                                                                    breaker=False)))
+    cases += [("api", "naive", lambda: time_wsgi("naive")),
+              ("api", "askonce", lambda: time_wsgi("askonce")),
+              ("api", "without the join middleware", lambda: time_wsgi("askonce", join=False)),
+              ("target", "naive", lambda: asgi("target", "naive")),
+              ("target", "askonce", lambda: asgi("target", "askonce")),
+              ("target", "without the join middleware", lambda: asgi("target", "askonce",
+                                                                      join=False))]
+    original = HTTPAdapter.send
+    HTTPAdapter.send = stub_send  # type: ignore[method-assign]
+    try:
+        out: dict[tuple[str, str], list[float]] = {(c[0], c[1]): [] for c in cases}
+
+        async def all_rounds() -> None:
+            for _ in range(rounds):
+                for name, label, fn in cases:
+                    value = fn()
+                    out[(name, label)].append(await value if asyncio.iscoroutine(value)
+                                              else value)
+
+        asyncio.run(all_rounds())
+    finally:
+        HTTPAdapter.send = original  # type: ignore[method-assign]
+    lines = [f"## The demo's layers in-process (stub transports, no sockets, the collector off), "
+             f"{n} requests per case and round, {rounds} rounds", "",
+             "CPU µs per request: median over rounds; over naive: the median of each round's "
+             "difference to that round's naive of the same layer (min..max).", "",
+             "| layer | case | CPU µs per request | over naive |", "|---|---|---:|---:|"]
+    for name, label, _ in cases:
+        med = statistics.median(out[(name, label)])
+        diffs = [v - b for v, b in zip(out[(name, label)], out[(name, "naive")], strict=True)]
+        over = "" if label == "naive" else fmt_range(diffs, "+.1f")
+        lines.append(f"| {name} | {label} | {med:.1f} | {over} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="transient", choices=("transient", "slow", "outage"))
@@ -196,7 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", metavar="SRC", help="also askonce from another checkout's src")
     ap.add_argument("--no-join", action="store_true",
                     help="also askonce without the join middlewares (the scenario's join=False)")
+    ap.add_argument("--pieces", action="store_true",
+                    help="instead: each layer's code in-process on stub transports, per piece")
     args = ap.parse_args(argv)
+    if args.pieces:
+        print(_pieces(1000, args.rounds))
+        return 0
     rounds = asyncio.run(bench(args))
     print(table(rounds, args))
     return 0
