@@ -10,7 +10,10 @@ process's own (the edge, with the runner's few control calls), and divides by th
 asked. Figures: CPU ms per question per process, for the stack (the four
 servers) and with the edge, and askonce against the naive run of the same round (median over
 rounds, and the range). Beside them, the share of questions answered in time and the p50 latency,
-which say whether a stack kept up with the load (a collapsing stack does other work per question).
+which say whether a stack kept up with the load (a collapsing stack does other work per question),
+and the TCP connections opened per question (``ActiveOpens`` of ``/proc/net/snmp``, the whole
+machine's: a request cut off by a timeout or a cancellation costs its keep-alive connection, and a
+new one later).
 
 ``--pieces``: no processes; each layer's code called in this process on stub transports (no
 sockets, no server), naive, askonce, and askonce without one piece at a time (the join
@@ -65,6 +68,13 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
 
 
+def tcp_opens() -> int:
+    """TCP connections this machine has opened so far (``ActiveOpens`` of ``/proc/net/snmp``)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("ActiveOpens")])
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -95,9 +105,9 @@ async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
     """One run, its CPU counted from the first question to the end of the quiet wait (orphaned
     work included), the settling after it not (a stack that does not settle is restarted)."""
     stack = runner.stack
-    before, t0 = snapshot(stack), time.monotonic()
+    before, t0, opened = snapshot(stack), time.monotonic(), tcp_opens()
     run = await runner.run(scenario, policy, settle=False)
-    after, wall = snapshot(stack), time.monotonic() - t0
+    after, wall, opened = snapshot(stack), time.monotonic() - t0, tcp_opens() - opened
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as control:
         settled = await runner.settle(control)
     if not settled:
@@ -109,7 +119,7 @@ async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
     cpu["all"] = cpu["stack"] + cpu["edge"]
     return {"policy": policy, "cpu": cpu, "questions": n, "wall_s": wall,
             "ok": row["success_rate"], "p50": row["latency_ms"]["p50"],
-            "settled": settled, "load": os.getloadavg()[0]}
+            "opened": opened / n, "settled": settled, "load": os.getloadavg()[0]}
 
 
 async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
@@ -144,7 +154,8 @@ async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
                 results[label] = r
                 print(f"round {i + 1}: {label:<12} {r['cpu']['stack']:.2f} ms/q stack, "
                       f"{r['cpu']['edge']:.2f} edge, ok {100 * (r['ok'] or 0):.1f} %, "
-                      f"p50 {r['p50'] or 0:.0f} ms, load {r['load']:.1f}", file=sys.stderr)
+                      f"p50 {r['p50'] or 0:.0f} ms, {r['opened']:.2f} connections/q, "
+                      f"load {r['load']:.1f}", file=sys.stderr)
             rounds.append([results[c[0]] for c in cases])
     return rounds
 
@@ -168,20 +179,21 @@ def table(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> str:
         "CPU ms per question, median over rounds (min..max); the ratio is each round's askonce "
         "over that round's naive.",
         "",
-        "| case | " + " | ".join(cols) + " | answered in time | p50 ms |",
-        "|---|" + "---:|" * (len(cols) + 2),
+        "| case | " + " | ".join(cols) + " | answered in time | p50 ms | connections opened per q |",
+        "|---|" + "---:|" * (len(cols) + 3),
     ]
     for j, first in enumerate(rounds[0]):
         runs = [r[j] for r in rounds]
         cells = [fmt_range([run["cpu"][c] for run in runs], ".2f") for c in cols]
         ok = fmt_range([100 * (run["ok"] or 0) for run in runs], ".1f")
         p50 = fmt_range([run["p50"] or 0 for run in runs], ".0f")
-        lines.append(f"| {first['case']} | " + " | ".join(cells) + f" | {ok} % | {p50} |")
+        opened = fmt_range([run["opened"] for run in runs], ".2f")
+        lines.append(f"| {first['case']} | " + " | ".join(cells) + f" | {ok} % | {p50} | {opened} |")
         if j > 0:
             ratios = [fmt_range([100 * (r[j]["cpu"][c] / r[0]["cpu"][c] - 1)
                                  if r[0]["cpu"][c] else 0.0 for r in rounds], "+.1f") + " %"
                       for c in cols]
-            lines.append(f"| {first['case']} vs naive | " + " | ".join(ratios) + " | | |")
+            lines.append(f"| {first['case']} vs naive | " + " | ".join(ratios) + " | | | |")
     unsettled = sum(1 for r in rounds for run in r if not run["settled"])
     if unsettled:
         lines += ["", f"{unsettled} runs did not settle within the runner's time (their stack was "
