@@ -15,13 +15,14 @@ and the TCP connections opened per question (``ActiveOpens`` of ``/proc/net/snmp
 machine's: a request cut off by a timeout or a cancellation costs its keep-alive connection, and a
 new one later).
 
-``--pieces``: no processes; each layer's code called in this process on stub transports (no
-sockets, no server), naive, askonce, and askonce without one piece at a time (the join
-middleware, the askonce client, the breaker), to tell what each piece costs. ``--no-join``: also
-askonce with the scenario's ``join=False`` (no join middlewares), to tell
-their share. ``--compare SRC``: a second stack whose processes import askonce from ``SRC`` (another checkout's
-``src``), run with askonce in the same rounds: before and after a change, on the same load at the
-same moments. The edge always runs this process's askonce.
+``--pieces``: no processes; each layer's code called in this process on stub transports (no sockets,
+no server), naive, askonce, and askonce without one piece at a time (the join middleware, the
+askonce client, the breaker), to tell what each piece costs. ``--no-join``: also askonce with the
+scenario's ``join=False`` (no join middlewares), to tell their share; ``--grace SECONDS``: also
+askonce with that ``deadline_grace`` (a callee's answer at its deadline then reaches a caller still
+waiting, on the same connection). ``--compare SRC``: a second stack whose processes import askonce
+from ``SRC`` (another checkout's ``src``), run with askonce in the same rounds: before and after a
+change, on the same load at the same moments. The edge always runs this process's askonce.
 
     PYTHONPATH=src python bench/bench_stack_cpu.py                       # transient, 150 q/s, ~3 min
     PYTHONPATH=src python bench/bench_stack_cpu.py --rounds 5 --duration 10
@@ -131,6 +132,9 @@ async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
                                               ("askonce", "main", scenario, "askonce")]
     if args.no_join:
         cases.append(("askonce, no join", "main", replace(scenario, join=False), "askonce"))
+    if args.grace is not None:
+        cases.append((f"askonce, grace {args.grace:g} s", "main", replace(scenario, grace=args.grace),
+                      "askonce"))
     with contextlib.ExitStack() as stacks:
         main = stacks.enter_context(Stack())
         runners = {"main": Runner(main, seed=args.seed)}
@@ -372,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compare", metavar="SRC", help="also askonce from another checkout's src")
+    ap.add_argument("--grace", type=float, metavar="SECONDS",
+                    help="also askonce with this deadline_grace at every client (the demo's --grace)")
     ap.add_argument("--no-join", action="store_true",
                     help="also askonce without the join middlewares (the scenario's join=False)")
     ap.add_argument("--pieces", action="store_true",
