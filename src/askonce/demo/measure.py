@@ -149,37 +149,41 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
     return row
 
 
-# A load generator that launched a question later than this was starved of CPU: the stack was too,
-# and the run's figures measure the machine, not retries.
-LAG_LIMIT_MS = 100.0
+# A question launched later than this has lost a twelfth of its 3 s deadline to a load generator
+# starved of CPU: the stack was starved too, and the run's figures measure the machine.
+LAG_LIMIT_MS = 250.0
 
 
-def invalid(rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
-    """Per scenario, why its runs do not measure what the scenario is about (empty: valid): a
-    load generator starved of CPU, a stack that did not settle before the next run."""
-    out: dict[str, list[str]] = {}
+def invalid(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """Per (scenario, policy), why the run does not measure what it is about (none: valid): a load
+    generator starved of CPU, a stack that did not settle before it. The naive overload's own
+    retries are what starve its machine: its lag is the finding, not a fault of the run."""
+    out: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        why = out.setdefault(r["scenario"], [])
+        why = []
         lag = r.get("launch_lag_ms", {}).get("max")
-        if lag is not None and lag > LAG_LIMIT_MS:
+        if (lag is not None and lag > LAG_LIMIT_MS
+                and (r["scenario"], r["policy"]) != ("overload", "naive")):
             why.append(f"{r['policy']}: the load generator launched a question {lag:.0f} ms late "
                        "(the machine was too busy for the load)")
         if not r.get("settled", True):
             why.append(f"{r['policy']}: the stack had not settled after the run before")
-    return {name: why for name, why in out.items() if why}
+        if why:
+            out[(r["scenario"], r["policy"])] = why
+    return out
 
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's goals, checked against the rows that were run: ``{"goal", "met",
-    "measured"}``. A goal of a scenario whose runs were not valid (:func:`invalid`) is not judged:
-    ``met`` is ``None`` and ``measured`` says why."""
+    "measured"}``. A goal whose runs were not valid (:func:`invalid`) is not judged: ``met`` is
+    ``None`` and ``measured`` says why."""
     by = {(r["scenario"], r["policy"]): r for r in rows}
     out: list[dict[str, Any]] = []
     broken = invalid(rows)
 
-    def add(goal: str, met: bool, measured: str) -> None:
+    def add(goal: str, met: bool, measured: str, *policies: str) -> None:
         scenario = goal.split(" ", 1)[0].rstrip(":")
-        why = broken.get(scenario)
+        why = [w for p in policies for w in broken.get((scenario, p), [])]
         if why:
             out.append({"goal": goal, "met": None,
                         "measured": f"{measured} - not judged, the run is not valid: "
@@ -194,7 +198,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if naive is not None:
         mean = naive["arrivals_per_question"]["mean"]
         add("outage: naive about 27 arrivals per question (3 layers x 3 tries)",
-            mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}")
+            mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}", "naive")
     if ask is not None:
         a = ask["arrivals_per_question"]
         # The issue's figure is 3 whatever the budget: with budget 3 it is the breaker at the layer
@@ -203,13 +207,13 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         bound = 1 + ask.get("budget", 2)
         add("outage: askonce at most 3 arrivals for every question",
             a["max"] is not None and a["max"] <= min(3, bound),
-            f"max {a['max']}, mean {fmt(a['mean'])} (the budget's own bound: {bound})")
+            f"max {a['max']}, mean {fmt(a['mean'])} (the budget's own bound: {bound})", "askonce")
         after = ask.get("arrivals_per_question_after_open")
         mean_after = None if after is None else after["mean"]
         add("outage: askonce under 1.1 per question once the breaker is open",
             mean_after is not None and mean_after < 1.1,
             "the breaker never opened" if after is None
-            else f"mean after it opened {fmt(mean_after)}")
+            else f"mean after it opened {fmt(mean_after)}", "askonce")
     ask = by.get(("transient", "askonce"))
     if ask is not None:
         rate, mean = ask["success_rate"], ask["arrivals_per_question"]["mean"]
@@ -222,7 +226,8 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             f"(expected with {tries} tries: {100 * (1 - 0.1**tries):.2f}%, "
             f"{sum(0.1**i for i in range(tries)):.3f})"
             + (" - too few questions to tell 1.111 from 1.12; the full run asks about 3,000"
-               if (se := ask["arrivals_per_question"].get("se")) is not None and se > 0.01 else ""))
+               if (se := ask["arrivals_per_question"].get("se")) is not None and se > 0.01 else ""),
+            "askonce")
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 
     def when(row: dict[str, Any] | None) -> str:
@@ -234,10 +239,10 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     if naive is not None:
         add("overload: naive does not recover within the horizon", naive["recovery_s"] is None,
-            f"naive: {when(naive)}")
+            f"naive: {when(naive)}", "naive")
     if ask is not None:
         mine, theirs = ask["recovery_s"], None if none is None else none["recovery_s"]
         add("overload: askonce recovers no slower than no-retry",
             mine is not None and (theirs is None or mine <= theirs),
-            f"askonce: {when(ask)}; no-retry: {when(none)}")
+            f"askonce: {when(ask)}; no-retry: {when(none)}", "askonce", "no-retry")
     return out
