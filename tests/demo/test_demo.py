@@ -279,7 +279,7 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -> None:
     done = subprocess.run([*DEMO, "--quick", "--json", "--out", str(tmp_path / "report")], capture_output=True,
-                          timeout=60, text=True)
+                          timeout=180, text=True)  # about 35 s; a loaded machine takes longer
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)  # stdout holds the JSON and nothing else
     rows = {(r["scenario"], r["policy"]): r for r in doc["scenarios"]}
