@@ -127,6 +127,11 @@ def error_for(give_up: GiveUp, last: BaseException | None, *, layer: str, key: s
     """The exception a shell raises for a give-up: ours for askonce's limits, else the original."""
     if isinstance(last, GaveUp) and give_up.reply.dnr:
         return last  # an inner layer already gave up for the question: a wrapper adds nothing
+    if give_up.kind is Why.DNR and give_up.reply.reason == "retried" and last is not None:
+        # An inner layer retried and reached its own limit: its error is the question's answer,
+        # as it would have been had this layer not wrapped it.
+        attach_reply(last, give_up.reply)
+        return last
     cls = _BY_KIND.get(give_up.kind)
     if cls is None:
         if last is None:  # cannot happen for the layer's own limits, which follow an attempt

@@ -484,3 +484,23 @@ def test_what_on_may_be_stays_accepted() -> None:
     askonce.retry(on=Exception)
     askonce.retry(on=(ConnectionError, TimeoutError))
     askonce.retry(on=lambda e: isinstance(e, ValueError))
+
+
+def test_nested_layers_only_the_inner_retries_and_its_error_reaches_the_caller() -> None:
+    calls = []
+
+    @askonce.retry(on=ConnectionError, layer="inner",
+                   policy=askonce.RetryPolicy(attempts=3, backoff=askonce.Backoff(base=0.0, cap=0.0)))
+    def inner() -> None:
+        calls.append(1)
+        raise ConnectionError("down")
+
+    @askonce.retry(on=ConnectionError, layer="outer",
+                   policy=askonce.RetryPolicy(attempts=3, backoff=askonce.Backoff(base=0.0, cap=0.0)))
+    def outer() -> None:
+        inner()
+
+    with askonce.question(budget=6), pytest.raises(ConnectionError) as info:
+        outer()
+    assert len(calls) == 3  # the inner layer's own tries; the outer one did not retry it (one_layer)
+    assert info.value.askonce_reply.reason == "retried"  # type: ignore[attr-defined]

@@ -294,7 +294,7 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
         assert r["recovery_s"] is None or (r["scenario"] == "overload" and r["recovery_s"] >= 0)
     assert rows["outage", "naive"]["arrivals_per_question"]["mean"] >= 20
     assert rows["outage", "askonce"]["arrivals_per_question"]["max"] <= 3
-    if "transient" not in measure.invalid(doc["scenarios"]):  # a starved run measures the CPU
+    if ("transient", "askonce") not in measure.invalid(doc["scenarios"]):  # a starved run measures the CPU
         assert rows["transient", "askonce"]["success_rate"] >= 0.99  # 0.999 needs more questions
     assert rows["transient", "askonce"]["coverage"] == 1.0
     assert (tmp_path / "report" / "index.html").exists() and (tmp_path / "report" / "arrivals.png").exists()

@@ -138,11 +138,13 @@ def test_a_proxys_log_counts_each_upstream_try_with_upstream() -> None:
         escaped = h.replace('"', "\\x22")
         return f'10.0.0.1 [{stamp}] "GET /orders HTTP/1.1" 200 "{escaped}" "{tries}"\n'.encode()
 
+    no_time = f'"GET /orders HTTP/1.1" "{header(key(9))}" "504, 504, 504"\n'.encode()
     lines = [line(T0, header(key(1)), "504, 200"), line(T0, header(key(2)), "200"),
-             line(T0, header(key(3)), "502, 504 : 200"), b"no time here \"504, 504\"\n",
-             line(T0, header(key(4)), "-"), line(T0 + 1, header(key(5)), "200")]
+             line(T0, header(key(3)), "502, 504 : 200"), no_time,
+             line(T0, header(key(4)), "-"), line(T0 + 1, header(key(5)), "200"),
+             line(T0 + 1, "-", "502, 502, 200")]  # an unkeyed request tried three times
     counted = audit_lines(lines, LogFormat(kind="nginx", upstream=True)).report.totals()
-    assert counted.arrivals == 2 + 1 + 3 + 1 + 1  # the bad line's list counts for no other line
+    assert counted.arrivals == 2 + 1 + 3 + 1 + 1 + 3  # the bad line's list counts for no other
     assert counted.undeclared_retries == 1 + 2 and counted.distinct_keys == 5
     plain = audit_lines(lines, LogFormat(kind="nginx")).report.totals()
-    assert plain.arrivals == 5 and plain.undeclared_retries == 0
+    assert plain.arrivals == 6 and plain.undeclared_retries == 0

@@ -1,9 +1,8 @@
 """``askonce demo``: start the stack, run the scenarios, print the table, write the report.
 
-The overload scenario runs on a second stack beside the others: its three runs alone take about as
-long as all the others, and its light load (64 questions/s against workers that sleep) leaves the
-CPU to the other lane, so running the two side by side shortens the demo. Each lane runs its
-scenarios in turn. Every process is stopped at the end, on an error, on Ctrl-C and on SIGTERM.
+One stack runs every scenario in turn, one run at a time (runs side by side would share the CPU,
+and on a small machine the figures would measure it). Every process is stopped at the end, on an
+error, on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations

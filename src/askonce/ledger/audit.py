@@ -20,7 +20,7 @@ Two formats:
   escapes ``"`` as ``\\x22`` (``escape=default``) or ``\\"`` (``escape=json``); both are undone. Or
   give ``regex`` with named groups ``question``, ``time``, ``operation`` (or ``method`` and
   ``path``) and ``principal``. ``upstream``: the log is a proxy's, one line per client request,
-  and the first quoted field after the header that lists upstream statuses (nginx's
+  and the first quoted field that lists upstream statuses (nginx's
   ``"$upstream_status"``: ``504, 200``, groups joined by `` : ``) says how many tries the proxy
   made: each is an arrival at the target, so the proxy's own retries show as undeclared retries.
 
@@ -277,10 +277,10 @@ class _Auditor:
             for raw in parts[1::2]:
                 if header is None and raw.startswith(b"v="):
                     header = raw
+                elif counting and self._count_tries(raw):
+                    counting = False
                 elif request is None:
                     request = _REQUEST.fullmatch(raw)
-                elif header is not None and counting:
-                    counting = not self._count_tries(raw)
         else:
             for i, m in enumerate(_FIELD.finditer(line), 1):
                 kind = m.lastindex
@@ -293,10 +293,10 @@ class _Auditor:
                 if kind == 2:
                     if t is None:
                         t = self.times(raw)
+                elif kind == 1 and counting and self._count_tries(raw):
+                    counting = False
                 elif kind == 1 and request is None:
                     request = _REQUEST.fullmatch(raw)
-                elif kind == 1 and header is not None and counting:
-                    counting = not self._count_tries(raw)
         if t is None:
             return "time"
         operation = ("~unknown" if request is None
@@ -306,8 +306,8 @@ class _Auditor:
                 None if principal is None else _unescape(principal.decode("utf-8", "replace")))
 
     def _count_tries(self, raw: bytes) -> bool:
-        """Is ``raw`` an upstream status list (the first one after the header counts)? Its
-        tries are the arrivals the line stands for."""
+        """Is ``raw`` an upstream status list (the first one on the line counts)? Its tries are the
+        arrivals the line stands for, keyed or not."""
         if _TRIES.fullmatch(raw) is None or not any(c in b"0123456789" for c in raw):
             return False
         self.tries = min(_MAX_TRIES, raw.count(b",") + raw.count(b":") + 1)
