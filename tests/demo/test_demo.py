@@ -299,7 +299,7 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     assert rows["transient", "askonce"]["coverage"] == 1.0
     assert (tmp_path / "report" / "index.html").exists() and (tmp_path / "report" / "arrivals.png").exists()
     assert json.loads((tmp_path / "report" / "results.json").read_text())["scenarios"] == doc["scenarios"]
-    assert len(doc["pids"]) >= 8
+    assert len(doc["pids"]) >= 4  # the one stack of four processes (more if one was restarted)
     assert _wait_gone(doc["pids"], 5.0) == [], "the demo left processes behind"
 
 
