@@ -831,3 +831,12 @@ async def test_deadlines_hold_on_a_loop_whose_timer_handles_cannot_be_weakly_ref
         del loop.call_later  # type: ignore[method-assign]
     assert [ex.sent[0]["status"] for ex in exchanges] == [503, 503]
     assert loop.call_later == original
+
+
+async def test_with_the_clock_swapped_a_handler_is_still_cancelled_when_its_time_runs_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    frozen = askonce._stats.monotonic()
+    monkeypatch.setattr(askonce._stats, "monotonic", lambda: frozen)  # a test's clock, standing still
+    ex = Exchange(question(deadline_ms=100))
+    await asyncio.wait_for(AskonceASGIMiddleware(Gate(), layer="api")(*_args(ex)), 5)
+    assert ex.sent[0]["status"] == 503  # the 100 ms it was given ran out on the loop's clock

@@ -201,9 +201,10 @@ class _Sweep:
     """One loop's running requests: deadlines in a heap, requests to watch in arrival order, one
     timer for both (module docstring).
 
-    An entry is ``[when, seq, exchange]``; a request that ends sets its exchange to ``None``. The
-    sweep holds no handle of the loop (its timer only weakly), so that a loop stopped with requests
-    still queued (a test's) can be collected, and with it this entry of ``_sweeps``.
+    An entry is ``[when, seq, exchange]``, ``when`` on the loop's clock (where a timer of the
+    request's own would have been set); a request that ends sets its exchange to ``None``. The sweep
+    holds no handle of the loop (its timer only weakly), so that a loop stopped with requests still
+    queued (a test's) can be collected, and with it this entry of ``_sweeps``.
     """
 
     __slots__ = ("at", "context", "deadlines", "due", "live", "seq", "timer")
@@ -213,7 +214,7 @@ class _Sweep:
         self.due: deque[list[Any]] = deque()
         self.live = 0  # entries of the heap whose request still runs
         self.seq = itertools.count()  # ties in the heap never compare exchanges
-        self.at = math.inf  # when the timer fires (``_stats.monotonic``); inf: not armed
+        self.at = math.inf  # when the timer fires (``loop.time()``); inf: not armed
         self.timer: Callable[[], asyncio.TimerHandle | None] = _no_timer
         # The timer runs in a context of its own, not in that of the request that happened to arm it
         # (which it would keep alive from visit to visit); the watcher tasks it starts need none of
@@ -224,19 +225,20 @@ class _Sweep:
                      loop: asyncio.AbstractEventLoop) -> list[Any]:
         """Cancel ``exchange`` at ``deadline`` unless it ends first (its entry emptied)."""
         heap = self.deadlines
-        entry = [deadline, next(self.seq), exchange]
+        at = loop.time() + (deadline - _stats.monotonic())  # the deadline on the loop's clock
+        entry = [at, next(self.seq), exchange]
         heapq.heappush(heap, entry)
         self.live += 1
         if len(heap) > 2 * self.live + 64:  # mostly ended requests whose deadlines are still ahead
             heap[:] = [e for e in heap if e[2] is not None]
             heapq.heapify(heap)
-        if deadline < self.at:
-            self.arm(deadline, loop)
+        if at < self.at:
+            self.arm(at, loop)
         return entry
 
     def add_watch(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> list[Any]:
         """Visit ``exchange`` ``WATCH_AFTER`` seconds from now (or up to ``SWEEP_EVERY`` later)."""
-        at = _stats.monotonic() + WATCH_AFTER
+        at = loop.time() + WATCH_AFTER
         entry = [at, 0, exchange]
         self.due.append(entry)
         if len(self.due) == 1 and at < self.at:
@@ -256,8 +258,7 @@ class _Sweep:
         if old is not None:
             old.cancel()
         self.at = at
-        handle = loop.call_later(max(0.0, at - _stats.monotonic()), self.visit, loop,
-                                 context=self.context)
+        handle = loop.call_at(at, self.visit, loop, context=self.context)
         try:
             self.timer = weakref.ref(handle)
         except TypeError:  # a loop whose handles cannot be weakly referenced: the old one fires
@@ -265,7 +266,7 @@ class _Sweep:
 
     def visit(self, loop: asyncio.AbstractEventLoop) -> None:
         self.at, self.timer = math.inf, _no_timer
-        heap, due, now = self.deadlines, self.due, _stats.monotonic()
+        heap, due, now = self.deadlines, self.due, loop.time()
         try:
             while heap and heap[0][0] <= now:
                 exchange = heapq.heappop(heap)[2]
