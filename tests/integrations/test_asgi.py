@@ -840,3 +840,26 @@ async def test_with_the_clock_swapped_a_handler_is_still_cancelled_when_its_time
     ex = Exchange(question(deadline_ms=100))
     await asyncio.wait_for(AskonceASGIMiddleware(Gate(), layer="api")(*_args(ex)), 5)
     assert ex.sent[0]["status"] == 503  # the 100 ms it was given ran out on the loop's clock
+
+
+@pytest.mark.parametrize("detached", [False, True])
+async def test_at_a_joining_layer_a_request_with_a_deadline_is_watched_unless_others_may_join_it(
+        detached: bool) -> None:
+    # Toward a joining callee the clients send the question's whole time, longer than they wait.
+    from askonce.integrations._join import announce, detach
+
+    gate = Gate()
+
+    async def joining(scope: Any, receive: Any, send: Any) -> None:
+        announce()
+        if detached:
+            detach()  # a run others may join: its caller going away does not cancel it
+        await gate(scope, receive, send)
+
+    ex = CountingExchange(question(deadline_ms=5000))
+    task = asyncio.create_task(AskonceASGIMiddleware(joining, layer="api")(*_args(ex)))
+    await asyncio.sleep(0.15)
+    assert (ex.reads >= 1) is not detached  # the watcher reads ahead of the app
+    gate.open.set()
+    await task
+    assert ex.sent[0]["status"] == 200

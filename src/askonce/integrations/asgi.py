@@ -15,22 +15,24 @@ Per HTTP request (other scope types pass through untouched) it does what :mod:`.
 
 A caller that sends a deadline stops listening at it: the askonce clients send each attempt's own
 limit (an attempt's timeout, capped by the question's time), so a caller that gives up on an
-attempt does so at the deadline this layer enforces anyway. Only a request *without* a propagated
-deadline (none arrived, it was minted here, or ``shed_deadline=False``) is watched for a
-disconnect: once it has run ``WATCH_AFTER`` seconds, a watcher task reads ``receive`` for the app,
+attempt does so at the deadline this layer enforces anyway. So a request is watched for a
+disconnect only when nothing says when its caller stops listening: it has no propagated deadline
+(none arrived, it was minted here, or ``shed_deadline=False``), or this layer joins (``asgi_join``:
+toward a joining callee the clients send the question's whole time, longer than they wait) and the
+request is not a run that others may join (which a disconnect never cancels). Such a request, once
+it has run ``WATCH_AFTER`` seconds, gets a watcher task that reads ``receive`` for the app,
 through a one-message buffer, so it sees ``http.disconnect`` while the app works; quicker requests
 never pay for the task. With ``Expect: 100-continue`` the watcher waits until the app has read
 once, so the app still decides whether the body is sent. A caller with a deadline that goes away
-earlier for another reason leaves its handler running until that deadline at most (and a run that
-others may join, ``asgi_join``, is never cancelled on a disconnect).
+earlier for another reason leaves its handler running until that deadline at most.
 
 Neither needs a timer per request: the running requests of an event loop are visited by one timer
 (``_Sweep``). Those with a deadline wait in a heap ordered by deadline, the timer set for the
 earliest, so the deadline is kept to the same instant as with a timer per request; a request that
 ends empties its entry, which is dropped when it comes first (or when empty entries outnumber the
-others). Those to watch wait in a queue in arrival order, visited at most every ``SWEEP_EVERY``
-seconds: one still running ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after it
-started gets its watcher.
+others). Every request waits in a queue in arrival order too, visited at most every
+``SWEEP_EVERY`` seconds: one still running ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY``
+seconds after it started gets its watcher, if it is to be watched (above).
 
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
 cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the
@@ -277,7 +279,7 @@ class _Sweep:
             while due and due[0][0] <= now:
                 exchange = due.popleft()[2]
                 if exchange is not None:
-                    exchange.entry = None
+                    exchange.due = None
                     exchange.visited(loop)
         finally:  # whatever happened to one request, the others are still visited
             while heap and heap[0][2] is None:
@@ -316,8 +318,9 @@ class _Exchange:
     replaced: Answer | None = None
     task: asyncio.Task[Any] | None = None
     sweep: _Sweep | None = None
-    entry: list[Any] | None = None  # its entry in the sweep's heap (a deadline) or queue (a watch)
-    timed = False  # the entry is the heap's
+    entry: list[Any] | None = None  # its entry in the sweep's heap (the deadline)
+    due: list[Any] | None = None  # its entry in the sweep's queue (the disconnect watch)
+    timed = False  # a propagated deadline cancels it
     pump: asyncio.Task[None] | None = None
     queue: asyncio.Queue[Message] | None = None
 
@@ -334,39 +337,43 @@ class _Exchange:
         self.task = task = asyncio.current_task()
         if task is None:
             return receive
-        deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
-        if deadline is not None:
-            loop = task.get_loop()
-            self.sweep = sweep = mw.sweep(loop)
-            self.timed = True
-            self.entry = sweep.add_deadline(self, deadline, loop)
-        elif mw.cancel_on_disconnect:
+        loop = task.get_loop()
+        self.sweep = sweep = mw.sweep(loop)
+        if mw.cancel_on_disconnect:  # first: its visit is the sooner one, so the timer is set once
             receive = self.app_receive
             if expect:
                 self.deferred = True  # the watcher is armed after the app's first read
             else:
-                loop = task.get_loop()
-                self.sweep = sweep = mw.sweep(loop)
-                self.entry = sweep.add_watch(self, loop)
+                self.due = sweep.add_watch(self, loop)
+        deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
+        if deadline is not None:
+            self.timed = True
+            self.entry = sweep.add_deadline(self, deadline, loop)
         return receive
 
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:
         """The sweep came by: a running request to watch gets its disconnect watcher."""
-        if self.running:
+        if self.running and self.watched():
             self.watch(loop)
+
+    def watched(self) -> bool:
+        """Whether a disconnect is to be watched for: nothing says when the caller stops listening
+        (module docstring)."""
+        arrival = self.arrival
+        return not self.timed or (arrival.joins and not arrival.detached)
 
     def finish(self) -> bool:
         """Stop watching; True if the only cancellation the task received was ours."""
         if self.running:
             self.running = False
-            entry = self.entry
+            entry, due = self.entry, self.due
             if entry is not None:
                 self.entry = None
-                if self.timed:
-                    assert self.sweep is not None
-                    self.sweep.ended(entry)
-                else:
-                    entry[2] = None
+                assert self.sweep is not None
+                self.sweep.ended(entry)
+            if due is not None:
+                self.due = None
+                due[2] = None
             if self.pump is not None:
                 self.pump.cancel()
             if self.reason is not None and self.task is not None:
@@ -419,8 +426,7 @@ class _Exchange:
         if not self.running or self.completed or self.pump is not None:
             return
         if self.reading:  # the app is in receive() itself and will hear of a disconnect first-hand
-            self.sweep = sweep = self.mw.sweep(loop)
-            self.entry = sweep.add_watch(self, loop)
+            self.due = self.mw.sweep(loop).add_watch(self, loop)
             return
         self.queue = asyncio.Queue(maxsize=1)
         self.pump = loop.create_task(self._pump(self.queue))
@@ -452,8 +458,7 @@ class _Exchange:
                 self.deferred = False
                 if self.running:
                     loop = asyncio.get_running_loop()
-                    self.sweep = sweep = self.mw.sweep(loop)
-                    self.entry = sweep.add_watch(self, loop)
+                    self.due = self.mw.sweep(loop).add_watch(self, loop)
             return message
         if self.gone and queue.empty():
             return {"type": "http.disconnect"}
