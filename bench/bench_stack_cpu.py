@@ -11,9 +11,10 @@ asked. Figures: CPU ms per question per process, for the stack (the four
 servers) and with the edge, and askonce against the naive run of the same round (median over
 rounds, and the range). Beside them, the share of questions answered in time and the p50 latency,
 which say whether a stack kept up with the load (a collapsing stack does other work per question),
-and the TCP connections opened per question (``ActiveOpens`` of ``/proc/net/snmp``, the whole
-machine's: a request cut off by a timeout or a cancellation costs its keep-alive connection, and a
-new one later).
+and the TCP connections opened per question to the stack's ports (the sockets in
+``/proc/net/tcp`` after the run that were not there before, TIME-WAIT included: a run is shorter
+than the 60 s a closed connection stays there): a request cut off by a timeout or a cancellation
+costs its keep-alive connection, and a new one later.
 
 ``--pieces``: no processes; each layer's code called in this process on stub transports (no sockets,
 no server), naive, askonce, and askonce without one piece at a time (the join middleware, the
@@ -69,11 +70,17 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
 
 
-def tcp_opens() -> int:
-    """TCP connections this machine has opened so far (``ActiveOpens`` of ``/proc/net/snmp``)."""
-    with open("/proc/net/snmp") as f:
-        rows = [line.split() for line in f if line.startswith("Tcp:")]
-    return int(rows[1][rows[0].index("ActiveOpens")])
+def connections(stack: Stack) -> set[tuple[str, str]]:
+    """The TCP sockets (any state, TIME-WAIT included) connected to a port of the stack."""
+    ports = {int(proc.url.rsplit(":", 1)[1]) for proc in stack.procs.values() if proc.url}
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, remote = line.split()[1:3]
+                if int(remote.rsplit(":", 1)[1], 16) in ports:
+                    out.add((local, remote))
+    return out
 
 
 def self_cpu() -> float:
@@ -106,9 +113,10 @@ async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
     """One run, its CPU counted from the first question to the end of the quiet wait (orphaned
     work included), the settling after it not (a stack that does not settle is restarted)."""
     stack = runner.stack
-    before, t0, opened = snapshot(stack), time.monotonic(), tcp_opens()
+    before, t0, known = snapshot(stack), time.monotonic(), connections(stack)
     run = await runner.run(scenario, policy, settle=False)
-    after, wall, opened = snapshot(stack), time.monotonic() - t0, tcp_opens() - opened
+    after, wall = snapshot(stack), time.monotonic() - t0
+    opened = len(connections(stack) - known)  # a closed one stays in TIME-WAIT for 60 s
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as control:
         settled = await runner.settle(control)
     if not settled:
