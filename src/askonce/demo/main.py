@@ -123,7 +123,7 @@ def run_demo(opts: Options) -> int:
         return 130
     rows = [r.row for r in runs]
     goals = measure.goals(rows)
-    meta = _meta(opts, out, pids, time.monotonic() - started, runs, len(plan))
+    meta = _meta(opts, out, pids, time.monotonic() - started, runs)
     # For a simulator to replay.
     meta["parameters"] = {name: dataclasses.asdict(s) for name, s in chosen.items()}
     doc = report.document(runs, goals, meta)
@@ -169,11 +169,9 @@ async def _run_lanes(group: list[Any], plan: list[list[tuple[Scenario, str]]], o
     return [run for lane_runs in results for run in lane_runs]
 
 
-def _meta(opts: Options, out: Path, pids: list[int], elapsed: float, runs: list[Any],
-          stacks: int) -> dict[str, Any]:
+def _meta(opts: Options, out: Path, pids: list[int], elapsed: float,
+          runs: list[Any]) -> dict[str, Any]:
     notes = []
-    if stacks > 1:
-        notes.append("the overload scenario ran on a second stack beside the others (shared CPU)")
     for run in runs:
         r = run.row
         label = f"{r['scenario']} {r['policy']}"
