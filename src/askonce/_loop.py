@@ -106,10 +106,9 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
     Returns whether it was answered, and the reply for the caller. The admission controller is
     called in place, never as an IO step: a core ``Admission`` (the simulator's) or a store's
     in-memory handle (``stores.base.AdmissionHandle``). A shell that makes a first attempt itself
-    (``first``) must not when admission is set (refused: it would be neither admitted nor recorded).
+    (``first``) has asked the admission controller about it and told it the verdict; a first
+    attempt the controller refused is handed over as ``admission=REFUSE``, with no ``first``.
     """
-    if first is not None and admission is not None:
-        raise ValueError("askonce: a first attempt made outside the loop bypasses admission")
     tried, last = first, None
     action: Attempt | Wait | Acquire | GiveUp = (Wait(0.0) if first is not None
                                                  else state.start(clock()))
@@ -160,6 +159,22 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
         if action.seconds > 0:  # type: ignore[union-attr]
             yield SLEEP, action.seconds  # type: ignore[union-attr]
         action = state.resume(clock())
+
+
+class _Refuse:
+    """The admission of a first attempt a shell's fast path asked about and was refused: the loop
+    gives that refusal up as the controller's (it never asks again, nor records)."""
+
+    __slots__ = ()
+
+    def admit(self, now: float, u: float) -> bool:
+        return False
+
+    def record(self, now: float, *, success: bool) -> None:
+        raise AssertionError("askonce: a refused attempt is not made")
+
+
+REFUSE: AdmissionHandle = _Refuse()
 
 
 def _now(value: T | Awaitable[T]) -> T:

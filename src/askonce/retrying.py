@@ -25,29 +25,31 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from askonce import _stats, propagation
 from askonce._context import FRAME
-from askonce._loop import AttemptContext, Pass, Tried, judge_with, steps
+from askonce._loop import REFUSE, AttemptContext, Pass, Tried, judge_with, steps
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.bucket import BucketPolicy
 from askonce.core.question import Account, Frame, Hop, Tab
 from askonce.core.retry import RetryPolicy, RetryState, fits
 from askonce.core.wire import valid_name
-from askonce.errors import failure_of
-from askonce.stores import default_store
+from askonce.stores import admissions_of, default_store
 from askonce.stores.base import AdmissionHandle, BreakerHandle, BucketHandle, Store
 from askonce.verdict import is_failure
 
 if TYPE_CHECKING:  # the breaker module is imported only when a breaker is configured
-    from askonce.core.admission import AdmissionPolicy
     from askonce.core.breaker import BreakerPolicy
 
 P = ParamSpec("P")
 T = TypeVar("T")
+# What the fast path's first half found: (tab, path, bucket, full loop?, admission handle).
+Prepared = tuple[Tab, tuple["Hop", ...], BucketHandle | None, bool, AdmissionHandle | None]
 
 _UNSET: Any = object()  # an argument not given: RetryPolicy's default, and policy= may be given
 
 OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 DEFAULT_BUCKET = BucketPolicy()
+DEFAULT_ADMISSION = AdmissionPolicy()
 
 _ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicate"
 
@@ -88,8 +90,9 @@ class retry:  # spelled like a function: it is used as a decorator
     to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
     ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
     breaker for the target (off by default; ``CircuitOpen`` when open); ``admission``: adaptive
-    admission for the target (off by default; ``core.admission``: attempts are shed in proportion
-    to how badly the target is failing, ``CircuitOpen`` with reason ``shed``); ``target`` names
+    admission for the target (on by default; ``core.admission``: once the target answers fewer
+    than 5 % of calls, attempts are shed in proportion to the shortfall, ``CircuitOpen`` with
+    reason ``shed``; ``None`` turns it off); ``target`` names
     them (default: the layer). ``store``: where they live (default: this process's memory;
     ``askonce.stores.redis``). ``clock``, ``sleep``, ``random``: injectable for tests and
     simulations.
@@ -107,7 +110,7 @@ class retry:  # spelled like a function: it is used as a decorator
         idempotent: bool = _UNSET,
         bucket: BucketPolicy | None = DEFAULT_BUCKET,
         breaker: BreakerPolicy | None = None,
-        admission: AdmissionPolicy | None = None,
+        admission: AdmissionPolicy | None = DEFAULT_ADMISSION,
         target: str | None = None,
         originator: bool = False,
         policy: RetryPolicy | None = None,
@@ -135,12 +138,9 @@ class retry:  # spelled like a function: it is used as a decorator
         self._matches = _predicate(on)
         self._bucket_policy = bucket
         self._breaker_policy = breaker
-        if admission is not None:
-            from askonce.core.admission import AdmissionPolicy
-
-            if not isinstance(admission, AdmissionPolicy):
-                raise ValueError(f"admission must be an askonce.core.admission.AdmissionPolicy "
-                                 f"(or None), got {admission!r}")
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise ValueError(f"admission must be an askonce.core.admission.AdmissionPolicy "
+                             f"(or None), got {admission!r}")
         self._admission_policy = admission
         self._guarded: tuple[BreakerHandle | None, AdmissionHandle | None] | None = None
         self._target = target
@@ -169,7 +169,7 @@ class retry:  # spelled like a function: it is used as a decorator
             breaker, admission = self._breaker_policy, self._admission_policy
             guards = self._guarded = (
                 None if breaker is None else store.breaker(target, breaker),
-                None if admission is None else store.admission(target, admission))
+                None if admission is None else admissions_of(store)(target, admission))
         return guards
 
     def _frame(self, layer: str) -> tuple[Tab, tuple[Hop, ...]]:
@@ -208,17 +208,21 @@ class retry:  # spelled like a function: it is used as a decorator
             return self._async_wrapper(fn, layer)
         return self._sync_wrapper(fn, layer)
 
+    def _judge(self) -> Callable[[BaseException], Tried]:
+        """How a raised attempt is judged; with a breaker or admission, the verdict too (both
+        learn from it)."""
+        guarded = self._breaker_policy is not None or self._admission_policy is not None
+        return judge_with(self._matches, is_failure if guarded else None)
+
     def _pass(self, layer: str, frame: Frame, bucket: BucketHandle | None, first: Tried | None,
-              sleep: Callable[[float], object]) -> Pass:
-        """The loop from the first attempt (or after ``first``, made by the fast path)."""
+              sleep: Callable[[float], object], refused: bool = False) -> Pass:
+        """The loop from the first attempt (or after ``first``, made by the fast path, or with
+        its refusal by the admission controller)."""
         breaker, admission = self._guards(layer)
-        judge_health: Callable[[BaseException], bool] | None = None
-        if breaker is not None or admission is not None:  # both learn from the verdicts
-            judge_health = is_failure
         state = RetryState(self.policy, frame[0], layer, bucket is not None)
         loop = steps(state, clock=self._clock, random=self._random, bucket=bucket, breaker=breaker,
-                     first=first, admission=admission)
-        return Pass(loop, frame, judge_with(self._matches, judge_health), sleep)
+                     first=first, admission=REFUSE if refused else admission)
+        return Pass(loop, frame, self._judge(), sleep)
 
     def _start(self, layer: str, sleep: Callable[[float], object]) -> Pass:
         """An iterator-form pass: the frame bound now (or minted), one request for the bucket."""
@@ -228,17 +232,18 @@ class retry:  # spelled like a function: it is used as a decorator
             bucket.deposit()
         return self._pass(layer, frame, bucket, None, sleep)
 
-    def _prepare(
-        self, layer: str
-    ) -> Callable[[], tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]]:
-        """The success path's first half, shared by both shells: the frame, the bucket deposit, and
-        whether the full loop must judge the first attempt (a breaker or admission is set, or a
-        bound deadline passed)."""
-        clock, policy, mint = self._clock, self.policy, self._mint
-        guarded = self._breaker_policy is not None or self._admission_policy is not None
+    def _prepare(self, layer: str) -> Callable[[], Prepared]:
+        """The success path's first half, shared by both shells: the frame, the bucket deposit,
+        whether the full loop must make the first attempt (a breaker is set, or a bound deadline
+        passed), and the admission handle that let the fast path's attempt through (``REFUSE``
+        with ``full``: it did not; ``None``: no admission, or the loop asks it)."""
+        clock, policy, mint, rand = self._clock, self.policy, self._mint, self._random
+        guarded = self._breaker_policy is not None
+        admits = self._admission_policy is not None
+        guards = self._guards
         get = FRAME.get
 
-        def prepare() -> tuple[Tab, tuple[Hop, ...], BucketHandle | None, bool]:
+        def prepare() -> Prepared:
             frame = get()
             path: tuple[Hop, ...]
             if frame is None:
@@ -249,37 +254,51 @@ class retry:  # spelled like a function: it is used as a decorator
             if bucket is not None:
                 bucket.deposit()
             # A question minted just now has its whole deadline ahead; one bound above may not.
-            full = guarded or (frame is not None and tab.deadline is not None
-                               and not fits(policy, tab.deadline, clock()))
-            return tab, path, bucket, full
+            if guarded or (frame is not None and tab.deadline is not None
+                           and not fits(policy, tab.deadline, clock())):
+                return tab, path, bucket, True, None
+            if not admits:
+                return tab, path, bucket, False, None
+            guarded_ = self._guarded
+            admission = (guards(layer) if guarded_ is None else guarded_)[1]
+            if not admission.admit(clock(), rand()):  # type: ignore[union-attr]
+                return tab, path, bucket, True, REFUSE
+            return tab, path, bucket, False, admission
 
         return prepare
 
     def _sync_wrapper(self, fn: Callable[P, T], layer: str) -> Callable[P, T]:
         sleep = self._sleep or time.sleep
-        matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
-        set_, reset = FRAME.set, FRAME.reset
+        judge, prepare, first = self._judge(), self._prepare(layer), (Hop(layer, 1),)
+        clock, set_, reset = self._clock, FRAME.set, FRAME.reset
 
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             # The success path, kept flat: one context read, one bind, no state object.
-            tab, path, bucket, full = prepare()
+            tab, path, bucket, full, admission = prepare()
             tried = None
             if not full:
                 token = set_((tab, path + first))
                 try:
-                    return fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
                 except BaseException as exc:
-                    if not matches(exc):
+                    tried = judge(exc)
+                    if admission is not None and tried.health is not None:
+                        admission.record(clock(), success=tried.health)
+                    if tried.fatal:
                         raise
-                    tried = Tried(failure_of(exc), None, error=exc)
+                else:
+                    if admission is not None:
+                        admission.record(clock(), success=True)
+                    return result
                 finally:
                     reset(token)
-            result: Any = None
-            for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+            answer: Any = None
+            for attempt in self._pass(layer, (tab, path), bucket, tried, sleep,
+                                      admission is REFUSE):
                 with attempt:
-                    result = fn(*args, **kwargs)
-            return cast(T, result)
+                    answer = fn(*args, **kwargs)
+            return cast(T, answer)
 
         return call
 
@@ -288,28 +307,35 @@ class retry:  # spelled like a function: it is used as a decorator
         import asyncio  # only for a decorated async function: `import askonce` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
-        matches, prepare, first = self._matches, self._prepare(layer), (Hop(layer, 1),)
-        set_, reset = FRAME.set, FRAME.reset
+        judge, prepare, first = self._judge(), self._prepare(layer), (Hop(layer, 1),)
+        clock, set_, reset = self._clock, FRAME.set, FRAME.reset
 
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            tab, path, bucket, full = prepare()
+            tab, path, bucket, full, admission = prepare()
             tried = None
             if not full:
                 token = set_((tab, path + first))
                 try:
-                    return await fn(*args, **kwargs)
+                    result = await fn(*args, **kwargs)
                 except BaseException as exc:
-                    if not matches(exc):
+                    tried = judge(exc)
+                    if admission is not None and tried.health is not None:
+                        admission.record(clock(), success=tried.health)
+                    if tried.fatal:
                         raise
-                    tried = Tried(failure_of(exc), None, error=exc)
+                else:
+                    if admission is not None:
+                        admission.record(clock(), success=True)
+                    return result
                 finally:
                     reset(token)
-            result: Any = None
-            async for attempt in self._pass(layer, (tab, path), bucket, tried, sleep):
+            answer: Any = None
+            async for attempt in self._pass(layer, (tab, path), bucket, tried, sleep,
+                                            admission is REFUSE):
                 async with attempt:
-                    result = await fn(*args, **kwargs)
-            return cast(T, result)
+                    answer = await fn(*args, **kwargs)
+            return cast(T, answer)
 
         return call
 

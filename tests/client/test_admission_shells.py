@@ -172,23 +172,27 @@ def test_the_first_attempt_is_admitted_and_recorded(mode: str, path: str, target
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_without_admission_no_handle_is_made(mode: str, target: Target) -> None:
+def test_admission_is_on_by_default_and_off_with_none(mode: str, target: Target) -> None:
     store = MemoryStore(frozen)
     outcomes = _questions(mode, policy(retry=RETRY), target.url("/ok"), store, 3)
     assert all(isinstance(o, httpx.Response) and o.status_code == 200 for o in outcomes)
-    assert not store._admissions
+    snap = store.admission("t", AdmissionPolicy()).snapshot()  # the default policy's controller
+    assert (snap["requests"], snap["calls"], snap["successes"]) == (3, 3, 3)
+    off = MemoryStore(frozen)
+    _questions(mode, policy(retry=RETRY, admission=None), target.url("/ok"), off, 3)
+    assert not off._admissions
 
 
-def test_admission_must_be_a_policy_and_the_store_must_have_it() -> None:
+def test_admission_must_be_a_policy_and_a_store_without_it_uses_the_process_memory() -> None:
     with pytest.raises(ValueError, match=r"admission must be AdmissionPolicy\(...\) or None"):
         ClientPolicy(admission=0.05)  # type: ignore[arg-type]
 
-    class Buckets:
+    class Buckets:  # a store of the application's own, older than admission
         def bucket(self, target: str, policy: Any) -> Any:
-            raise AssertionError
+            return MemoryStore(frozen).bucket(target, policy)
 
-    with pytest.raises(ValueError, match="admission"):
-        askonce.client.Caller(policy(admission=ADMISSION), store=Buckets())  # type: ignore[arg-type]
+    caller = askonce.client.Caller(policy(admission=ADMISSION), store=Buckets())  # type: ignore[arg-type]
+    assert caller._admissions == askonce.stores.default_store().admission
 
 
 # --- @askonce.retry in process --------------------------------------------------------------------

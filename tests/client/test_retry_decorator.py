@@ -232,7 +232,7 @@ def test_threads_spend_one_budget_atomically() -> None:
             calls += 1
         raise ConnectionError
 
-    fn = layer("t", target, attempts=100)
+    fn = layer("t", target, attempts=100, admission=None)  # a dead target: admission would shed
     with askonce.question(budget=50):
         ctx = contextvars.copy_context()
         threads = [threading.Thread(target=lambda: ctx.copy().run(_swallow, fn)) for _ in range(8)]

@@ -11,11 +11,13 @@ judge what came back, discard a failed attempt's response) and hands it to :meth
       failure:  on_failure -> Acquire (bucket) -> Wait (discard the response, sleep) -> resume
       give-up:  return the last response with the reply attached; with none, raise
 
-Without a breaker or admission, the first attempt runs straight (no generator, no state object;
-the core's ``fits`` and ``settle`` decide it, as ``RetryState.start`` and ``on_success`` would), and
-the loop takes over, with a ``RetryState`` holding what the first attempt forwarded, only if it did
-not answer. Most calls answer at once, and they are what the overhead is measured on. With either,
-every attempt, the first included, goes through the loop: each one must be allowed and judged.
+Without a breaker, the first attempt runs straight (no generator, no state object; the core's
+``fits`` and ``settle`` decide it, as ``RetryState.start`` and ``on_success`` would, and the
+admission controller is asked and told the verdict in place, as the loop would), and the loop takes
+over, with a ``RetryState`` holding what the first attempt forwarded, only if it did not answer.
+Most calls answer at once, and they are what the overhead is measured on. With a breaker, every
+attempt, the first included, goes through the loop: each one must be allowed (an IO step) and
+judged.
 
 A returned give-up carries ``response.askonce_reply``, and every give-up is recorded for
 :func:`last_reply`: a server middleware reads it (inside :func:`replies`) to pass a downstream
@@ -33,7 +35,7 @@ from typing import Protocol, TypeVar, cast
 
 from askonce import _stats, propagation
 from askonce._context import FRAME
-from askonce._loop import AttemptContext, Pass, Tried, give_up, steps
+from askonce._loop import REFUSE, AttemptContext, Pass, Tried, give_up, steps
 from askonce._replies import (
     Record,
     attach,
@@ -74,7 +76,7 @@ from askonce.core.retry import (
     settle,
 )
 from askonce.core.wire import Reply, format_question
-from askonce.stores import default_store  # the one store `@askonce.retry` layers share
+from askonce.stores import admissions_of, default_store  # the store `@askonce.retry` layers share
 from askonce.stores.base import (
     AdmissionHandle,
     AsyncBreakerHandle,
@@ -183,6 +185,13 @@ def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException, call: 
     return Tried(failure, outcome.health, outcome.reply, ANSWERED, error=exc)
 
 
+def _heard(caller: Caller, call: _Call, tried: Tried) -> None:
+    """The fast first attempt's verdict, told to the admission controller that let it through (as
+    the loop tells it of the attempts it makes)."""
+    if call.admission is not None and tried.health is not None:
+        call.admission.record(caller.clock(), success=tried.health)
+
+
 class Joiners:
     """The targets whose latest reply said they join (``Reply.joins``), at most ``limit`` of them
     (past it the oldest is forgotten: a forgotten target's timed-out tries are lost again until it
@@ -226,8 +235,8 @@ JOINERS = Joiners()
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the loop."""
 
-    __slots__ = ("bucket", "exchange", "first", "idempotent", "joiners", "joins", "path", "sent",
-                 "tab", "target")
+    __slots__ = ("admission", "bucket", "exchange", "first", "idempotent", "joiners", "joins",
+                 "path", "sent", "tab", "target")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                  idempotent: bool, now: float) -> None:
@@ -246,6 +255,8 @@ class _Call:
         self.idempotent = idempotent
         self.first = self.path + caller._first
         self.sent: Sent | None = None  # the fast first attempt's window (RetryState.sent)
+        # The admission handle the fast path asked (REFUSE: it refused), else the loop asks it.
+        self.admission: AdmissionHandle | None = None
         self.joiners = caller._joiners
         self.joins = self.joiners is not None and target in self.joiners
         self.bucket: BucketHandle | AsyncBucketHandle | None = (
@@ -279,10 +290,12 @@ class _Call:
         state.held = held  # what state.forward() would have held
         state.sent = self.sent  # what state.given() would have noted
         policy, exchange = caller.policy, self.exchange
-        breaker = admission = None
+        breaker = None
+        admission = self.admission
         if caller._breakers is not None and policy.breaker is not None:
             breaker = caller._breakers(self.target, policy.breaker)
-        if caller._admissions is not None and policy.admission is not None:
+        if (admission is None and caller._admissions is not None
+                and policy.admission is not None):
             admission = caller._admissions(self.target, policy.admission)
         loop = steps(state, clock=caller.clock, random=caller.random, bucket=self.bucket,
                      breaker=breaker, end=_end, first=first, discard=exchange.discard,
@@ -338,7 +351,7 @@ class Caller:
         for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be a callable or None, got {fn!r}")
-        for kind in ("bucket", "breaker", "admission"):  # only what the policy will ask of it
+        for kind in ("bucket", "breaker"):  # only what the policy will ask of it
             if (store is not None and getattr(policy, kind) is not None
                     and not callable(getattr(store, kind, None))):
                 raise ValueError(f"store must be an askonce store (a {kind}(target, policy) "
@@ -358,12 +371,10 @@ class Caller:
                                  f"{type(self.store).__name__} has none")
         self._admissions: Callable[[str, AdmissionPolicy], AdmissionHandle] | None = None
         if policy.admission is not None:
-            self._admissions = getattr(self.store, "admission", None)
-            if self._admissions is None:
-                raise ValueError("admission= needs a store with admission handles; "
-                                 f"{type(self.store).__name__} has none")
-        # A breaker or admission judges every attempt, the first too: no fast path then.
-        self._guarded = self._breakers is not None or self._admissions is not None
+            # A store of your own without admission handles: this process's memory store's.
+            self._admissions = admissions_of(self.store)
+        # A breaker is asked about every attempt as an IO step, the first too: no fast path then.
+        self._guarded = self._breakers is not None
         # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
         self._first = (Hop(policy.layer, 1),)
@@ -380,6 +391,12 @@ class Caller:
         call = _Call(self, exchange, target, idempotent, now)
         if self._guarded or not fits(self.policy.retry, call.tab.deadline, now):
             return call  # the loop from the start: breaker and admission, or the give-up, decide
+        if self._admissions is not None:
+            admission = self._admissions(target, self.policy.admission)  # type: ignore[arg-type]
+            if not admission.admit(now, self.random()):
+                call.admission = REFUSE  # the loop gives the refusal up
+                return call
+            call.admission = admission
         limit = call.limit(self.policy, now)
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
                                               call.tab.deadline, now, call.joins)
@@ -407,10 +424,12 @@ class Caller:
                 response = exchange.send(header, limit)
             except BaseException as exc:
                 first = _raised(exchange, exc, call)
+                _heard(self, call, first)
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
                 first = _answered(exchange, response, call)
+                _heard(self, call, first)
                 if first.failure is None:
                     settle(call.tab.account, held, ANSWERED, first.reply)  # as on_success settles
                     return response
@@ -447,10 +466,12 @@ class Caller:
                 response = await exchange.send(header, limit)
             except BaseException as exc:
                 first = _raised(exchange, exc, call)
+                _heard(self, call, first)
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
                 first = _answered(exchange, response, call)
+                _heard(self, call, first)
                 if first.failure is None:
                     settle(call.tab.account, held, ANSWERED, first.reply)
                     return response

@@ -28,6 +28,7 @@ from askonce.core.wire import REPLY_HEADER, Reply, valid_name
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 MAX_RETRY_AFTER = 86_400.0
 DEFAULT_RETRY = RetryPolicy()
+DEFAULT_ADMISSION = AdmissionPolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +43,10 @@ class ClientPolicy:
     carrying ``idempotency_header``, may be retried after they may have reached the target; others
     only when the connection was refused, unless ``retry_non_idempotent``.
     ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
-    ``admission``: per-target adaptive admission (``core.admission``; ``None``, the default: off),
-    which sheds attempts in proportion to how badly the target is failing (``CircuitOpen``,
-    reason ``shed``); with it on, every attempt, the first too, goes through the loop.
+    ``admission``: per-target adaptive admission (``core.admission``; on by default, ``None``
+    turns it off): once the target answers fewer than 5 % of attempts, attempts are shed in
+    proportion to the shortfall (``CircuitOpen``, reason ``shed``). The breaker (off by default)
+    is for a dependency that is either up or down; with one, every attempt goes through the loop.
     ``attempt_timeout`` caps each attempt's timeouts (the question's remaining time always does).
     ``max_discard``: bytes read from a failed attempt's body so its connection can be reused; past
     it the connection is closed instead.
@@ -72,7 +74,7 @@ class ClientPolicy:
     originator: bool = False
     bucket: BucketPolicy | None = BucketPolicy()
     breaker: BreakerPolicy | None = None
-    admission: AdmissionPolicy | None = None
+    admission: AdmissionPolicy | None = DEFAULT_ADMISSION
     attempt_timeout: float | None = None
     max_discard: int = 65_536
     deadline_grace: float = 0.0

@@ -71,8 +71,8 @@ class AdmissionPolicy:
 class Admission:
     """One layer's admission state for one target. Not thread-safe: the shells lock around it."""
 
-    __slots__ = ("_calls", "_head", "_now", "_policy", "_requests", "_successes", "calls",
-                 "requests", "successes")  # fmt: skip
+    __slots__ = ("_calls", "_edge", "_head", "_i", "_now", "_policy", "_requests", "_successes",
+                 "calls", "requests", "successes")  # fmt: skip
 
     def __init__(self, policy: AdmissionPolicy = AdmissionPolicy()) -> None:
         self._policy = policy
@@ -82,6 +82,8 @@ class Admission:
         self._successes = [0] * n
         self._head: int | None = None  # the latest second rolled to
         self._now: float | None = None
+        self._edge = -math.inf  # where the latest second ends: before it, no roll is needed
+        self._i = 0  # the latest second's bucket
         self.requests = self.calls = self.successes = 0  # running totals over the window
 
     @property
@@ -97,15 +99,30 @@ class Admission:
         """Count an attempt and decide it: refused when the draw ``u`` in [0, 1) is below ``p``."""
         if not 0 <= u < 1:  # written so that NaN fails too
             raise ValueError(f"admission draw must be within [0, 1), got {u!r}")
-        i = self._tick(now)
-        p = self._p()  # judged on the window before this request
+        last = self._now
+        if last is not None and last <= now < self._edge:  # _tick's same-second case, inline
+            self._now = now
+            i = self._i
+        else:
+            i = self._tick(now)
+        # Judged on the window before this request; p = 0 needs no arithmetic (the common case).
+        policy = self._policy
+        ok = (self.requests < policy.min_requests
+              or (not policy.count_rejected
+                  and self.calls * policy.min_success <= self.successes)
+              or not u < self._p())
         self._requests[i] += 1
         self.requests += 1
-        return not u < p
+        return ok
 
     def record(self, now: float, *, success: bool) -> None:
         """The verdict on an attempt that was admitted and made."""
-        i = self._tick(now)
+        last = self._now
+        if last is not None and last <= now < self._edge:
+            self._now = now
+            i = self._i
+        else:
+            i = self._tick(now)
         self._calls[i] += 1
         self.calls += 1
         if success:
@@ -155,4 +172,6 @@ class Admission:
                 self._requests[i] = self._calls[i] = self._successes[i] = 0
         if head is None or sec > head:
             self._head = sec
-        return sec % size
+            self._edge = sec + 1
+            self._i = sec % size
+        return self._i

@@ -38,6 +38,10 @@ POLICIES = ("no-retry", "naive", "bucket", "breaker", "askonce")
 JITTER_POLICIES = ("no-jitter", "full-jitter")
 BASELINE_BUCKET = BucketPolicy(ratio=0.1, floor=1.0, max_tokens=10.0)
 FOREVER = 1e12  # an outage that outlasts any run
+# The breaker of the ``breaker`` baseline and of ``--askonce-breaker``: a classic one that opens at
+# half of 20 or more of its last 100 calls failing (the library's default before it became a
+# near-total-failure breaker; most breaker libraries open at 50 %).
+CLASSIC_BREAKER = BreakerPolicy(failure_rate=0.5, minimum_calls=20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class Knobs:
     budget: int = 2
     bucket: BucketPolicy = BucketPolicy()  # askonce's per-target bucket: the library default
     baseline_bucket: BucketPolicy = BASELINE_BUCKET
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    breaker: BreakerPolicy = CLASSIC_BREAKER
     # askonce: adaptive admission on the layer nearest the target (None: off), and whether that
     # layer also has ``breaker`` (the breaker design: with admission=None)
     admission: AdmissionPolicy | None = field(default_factory=AdmissionPolicy)

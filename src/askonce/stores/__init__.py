@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from askonce import _stats
 
 if TYPE_CHECKING:
+    from askonce.core.admission import AdmissionPolicy
+    from askonce.stores.base import AdmissionHandle
     from askonce.stores.memory import MemoryStore
 
 _default: MemoryStore | None = None
@@ -22,3 +25,13 @@ def default_store() -> MemoryStore:
 
         _default = MemoryStore(_stats.monotonic)
     return _default
+
+
+def admissions_of(store: object) -> Callable[[str, AdmissionPolicy], AdmissionHandle]:
+    """Where a layer's admission controllers live: ``store.admission``, or, for a store of the
+    application's own that has none, the process's memory store (admission is on by default, and
+    such a store predates it)."""
+    admission: Any = getattr(store, "admission", None)
+    if callable(admission):
+        return admission  # type: ignore[no-any-return]
+    return default_store().admission
