@@ -1,6 +1,7 @@
 """Fidelity on this machine: the real demo's figures against the simulator's prediction of them.
 
     python bench/bench_fidelity.py                      # outage, transient, slow: about 60 s
+    python bench/bench_fidelity.py --error-rates 0.1,0.5,0.9   # and the sweep: about 2 minutes more
     python bench/bench_fidelity.py --record tests/sim/data/demo.json
 
 Runs ``askonce demo --json`` (the real stack on 127.0.0.1), feeds its document to
@@ -31,11 +32,16 @@ SCENARIOS = "outage,transient,slow"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", type=Path, help="write the demo's document here")
+    parser.add_argument("--error-rates", metavar="LIST",
+                        help="also the demo's sweep of the transient scenario (askonce demo "
+                             "--error-rates)")
+    parser.add_argument("--scenarios", default=SCENARIOS, help=f"default {SCENARIOS}")
     args = parser.parse_args()
+    sweep = [] if args.error_rates is None else ["--error-rates", args.error_rates]
     with tempfile.TemporaryDirectory() as out:
         done = subprocess.run([sys.executable, "-m", "askonce", "demo", "--json", "--scenarios",
-                               SCENARIOS, "--out", str(Path(out) / "report")],
-                              capture_output=True, text=True, timeout=300)
+                               args.scenarios, *sweep, "--out", str(Path(out) / "report")],
+                              capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         print(done.stderr[-2000:], file=sys.stderr)
         return 1

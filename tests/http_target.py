@@ -141,9 +141,11 @@ def refused_url() -> str:
 
 
 def policy(**kw: Any) -> ClientPolicy:
-    """A client layer "web" trying 3 times with no waits and no token bucket, unless told otherwise."""
+    """A client layer "web" trying 3 times with no waits, no token bucket and no adaptive admission
+    (the tests share one target, and its failures would shed the next test's calls), unless told
+    otherwise."""
     retry = kw.pop("retry", RetryPolicy(attempts=3, backoff=NO_WAIT))
-    return ClientPolicy(**{"layer": "web", "retry": retry, "bucket": None, **kw})
+    return ClientPolicy(**{"layer": "web", "retry": retry, "bucket": None, "admission": None, **kw})
 
 
 # --- a third client, on http.client, to drive the Caller the way an integration does ----------------

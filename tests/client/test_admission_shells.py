@@ -174,9 +174,10 @@ def test_the_first_attempt_is_admitted_and_recorded(mode: str, path: str, target
 @pytest.mark.parametrize("mode", MODES)
 def test_admission_is_on_by_default_and_off_with_none(mode: str, target: Target) -> None:
     store = MemoryStore(frozen)
-    outcomes = _questions(mode, policy(retry=RETRY), target.url("/ok"), store, 3)
+    default = ClientPolicy(layer="web", retry=RETRY, bucket=None)  # admission as by default
+    outcomes = _questions(mode, default, target.url("/ok"), store, 3)
     assert all(isinstance(o, httpx.Response) and o.status_code == 200 for o in outcomes)
-    snap = store.admission("t", AdmissionPolicy()).snapshot()  # the default policy's controller
+    snap = store.admission("t", AdmissionPolicy()).snapshot()
     assert (snap["requests"], snap["calls"], snap["successes"]) == (3, 3, 3)
     off = MemoryStore(frozen)
     _questions(mode, policy(retry=RETRY, admission=None), target.url("/ok"), off, 3)

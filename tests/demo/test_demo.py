@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from askonce.demo import measure, naive
+from askonce.demo import measure, naive, params
 from askonce.demo.edge import Asked
 from askonce.demo.main import lanes
 from askonce.demo.params import (
@@ -212,16 +213,35 @@ def test_goals_are_judged_from_the_rows() -> None:
             after: float | None = None) -> dict[str, Any]:
         return {"scenario": scenario, "policy": policy, "questions": 1000, "success_rate": success,
                 "arrivals_per_question": {"mean": mean, "p99": mx, "max": mx}, "recovery_s": recovery,
-                "arrivals_per_question_after_open": None if after is None else {"mean": after}, "horizon_s": 6}
+                "arrivals_per_question_after_protected": None if after is None else {"mean": after},
+                "horizon_s": 6, "budget": 3}
 
-    rows = [row("outage", "naive", 27.0, 27), row("outage", "askonce", 0.2, 3, after=0.02),
-            row("transient", "askonce", 1.11, 3, success=0.9995), row("overload", "no-retry", 1, 1),
+    rows = [row("outage", "naive", 27.0, 27), row("outage", "askonce", 0.2, 4, after=0.02),
+            row("transient", "askonce", 1.11, 3, success=0.9995),
+            row("transient-50", "no-retry", 1, 1, success=0.50),
+            row("transient-50", "askonce", 1.2, 4, success=0.496),
+            row("overload", "no-retry", 1, 1),
             row("overload", "naive", 1.5, 4), row("overload", "askonce", 1, 1, recovery=0.0)]
     assert all(g["met"] for g in measure.goals(rows)), measure.goals(rows)
-    rows[1] = row("outage", "askonce", 0.2, 4)  # one question over 1 + budget, and no breaker
+    rows[1] = row("outage", "askonce", 0.2, 5)  # one question over 1 + budget, and no protection
     rows[2] = row("transient", "askonce", 1.11, 3, success=0.998)
-    rows[4] = row("overload", "naive", 1.5, 4, recovery=3.0)
-    assert [g["met"] for g in measure.goals(rows)] == [True, False, False, False, False, True]
+    rows[4] = row("transient-50", "askonce", 1.2, 4, success=0.494)  # under no-retry's, by 0.6
+    rows[6] = row("overload", "naive", 1.5, 4, recovery=3.0)
+    assert [g["met"] for g in measure.goals(rows)] == [True, False, False, False, False, False,
+                                                       True]
+
+
+def test_the_sweep_is_the_transient_scenario_at_each_rate() -> None:
+    base = params.scenarios()
+    swept = params.scenarios(error_rates=(0.5, 0.9), breaker=True)
+    assert list(swept) == [*base, "transient-50", "transient-90"]
+    for name, rate in (("transient-50", 0.5), ("transient-90", 0.9)):
+        s = swept[name]
+        assert s.target.rate == rate and s.policies == params.POLICIES and s.breaker
+        assert s.target == dataclasses.replace(base["transient"].target, rate=rate)
+        assert params.kind(name) == "transient" and params.sweep_name(rate) == name
+    with pytest.raises(ValueError, match="error rate"):
+        params.scenarios(error_rates=(1.5,))
 
 
 def test_a_goal_whose_runs_were_starved_is_not_judged() -> None:
@@ -397,6 +417,11 @@ def test_the_grace_reaches_every_scenario_and_absurd_values_are_refused() -> Non
 def test_in_process_questions_below_one_are_a_usage_error(questions: str) -> None:
     done = run_cli(["demo", "--in-process", "--questions", questions])
     one_line_error(done, 2, "--questions", "at least 1")
+
+
+@pytest.mark.parametrize("rates", ["0.5,1.5", "nan", "half", "0.1,"])
+def test_error_rates_outside_zero_to_one_are_a_usage_error(rates: str) -> None:
+    one_line_error(run_cli(["demo", "--error-rates", rates]), 2, "--error-rates", "within 0..1")
 
 
 @pytest.mark.parametrize("flags", [["--questions", "5"], ["--depth", "2"]])

@@ -21,7 +21,7 @@ from askonce.core.bucket import BucketPolicy
 from askonce.sim import scenarios
 from askonce.sim.cli import add_parser
 from askonce.sim.model import Sim
-from askonce.sim.scenarios import Knobs, Row, percentile, preset, recovery
+from askonce.sim.scenarios import CLASSIC_BREAKER, Knobs, Row, percentile, preset, recovery
 from askonce.sim.world import Policy, World
 from cli_run import one_line_error, run, run_cli
 
@@ -392,7 +392,7 @@ def test_the_admission_flags_reach_the_askonce_policy_only() -> None:
     default = preset("askonce", knobs())
     assert default.admission == AdmissionPolicy() and default.breaker is None
     old = preset("askonce", knobs("--no-admission", "--askonce-breaker"))
-    assert old.admission is None and old.breaker == BreakerPolicy()
+    assert old.admission is None and old.breaker == CLASSIC_BREAKER
     tuned = preset("askonce", knobs("--admission-min-success", "0.02", "--admission-window", "30",
                                     "--admission-max-reject", "0.9", "--admission-sre"))
     assert tuned.admission == AdmissionPolicy(window=30, min_success=0.02, max_reject=0.9,

@@ -28,6 +28,20 @@ def _scenarios(text: str) -> tuple[str, ...]:
     return names
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    rates = []
+    for v in text.split(","):
+        try:
+            rate = float(v)
+        except ValueError:
+            rate = -1.0
+        if not 0 <= rate <= 1:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"error rates within 0..1, comma-separated, "
+                                             f"got {text!r}")
+        rates.append(rate)
+    return tuple(dict.fromkeys(rates))
+
+
 def _grace(text: str) -> float:
     try:
         value = float(text)
@@ -65,8 +79,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="report folder (default ./askonce-report-<timestamp>)")
     p.add_argument("--redis", metavar="URL",
                    help="keep buckets, breakers and the target's ledger in Redis")
-    p.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="LIST",
-                   help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
+    p.add_argument("--scenarios", type=_scenarios, metavar="LIST",
+                   help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all, or "
+                        "none with --error-rates)")
+    p.add_argument("--error-rates", type=_rates, default=(), metavar="LIST",
+                   help="also sweep the transient scenario over these error rates, e.g. "
+                        "0.1,0.5,0.9: no-retry, naive and askonce, 1,000 questions each")
+    p.add_argument("--breaker", action="store_true",
+                   help="askonce: a circuit breaker that opens on a run of failures on the layer "
+                        "nearest the target, beside the adaptive admission every layer has")
     p.add_argument("--seed", type=int, default=1,
                    help="seed of the load, the keys and the target's failures")
     p.add_argument("--budget", type=int, default=DEMO_BUDGET, choices=range(11), metavar="N",
@@ -102,9 +123,12 @@ def run(args: argparse.Namespace) -> int:
         fail("askonce demo", f"{' and '.join(only)} only {verb} with --in-process", USAGE)
     from askonce.demo.main import Options, run_demo
 
+    if args.scenarios is None:
+        args.scenarios = () if args.error_rates else SCENARIOS
     return run_demo(Options(scenarios=args.scenarios, quick=args.quick, json=args.json,
                             out=args.out, redis=args.redis, seed=args.seed, budget=args.budget,
-                            grace=args.grace, join=args.join, command=_command(args)))
+                            grace=args.grace, join=args.join, breaker=args.breaker,
+                            error_rates=args.error_rates, command=_command(args)))
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -112,8 +136,12 @@ def _command(args: argparse.Namespace) -> str:
     words = ["askonce", "demo"]
     if args.quick:
         words.append("--quick")
-    if tuple(args.scenarios) != SCENARIOS:
+    if tuple(args.scenarios) != (() if args.error_rates else SCENARIOS):
         words += ["--scenarios", ",".join(args.scenarios)]
+    if args.error_rates:
+        words += ["--error-rates", ",".join(f"{r:g}" for r in args.error_rates)]
+    if args.breaker:
+        words.append("--breaker")
     if args.seed != 1:
         words += ["--seed", str(args.seed)]
     if args.budget != DEMO_BUDGET:

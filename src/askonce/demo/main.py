@@ -40,6 +40,8 @@ class Options:
     budget: int = DEMO_BUDGET
     grace: float = 0.0
     join: bool = True
+    breaker: bool = False
+    error_rates: tuple[float, ...] = ()
     command: str = "askonce demo"
 
 
@@ -97,8 +99,8 @@ def run_demo(opts: Options) -> int:
             return 2
     console = err if opts.json else Console(width=width)
     chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace,
-                                       opts.join).items()
-              if n in opts.scenarios}
+                                       opts.join, opts.breaker, opts.error_rates).items()
+              if n in opts.scenarios or n not in SCENARIOS}  # the sweep's are always run
     plan = lanes(chosen)
     started = time.monotonic()
     from askonce.demo import measure, report
@@ -195,7 +197,7 @@ def _meta(opts: Options, out: Path, pids: list[int], elapsed: float,
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
                    f"{platform.system()}",
         "quick": opts.quick, "seed": opts.seed, "budget": opts.budget, "grace": opts.grace,
-        "join": opts.join,
+        "join": opts.join, "breaker": opts.breaker,
         "redis": opts.redis is not None,
         "elapsed_s": round(elapsed, 1), "report_dir": str(out), "pids": pids, "notes": notes,
     }  # fmt: skip

@@ -93,10 +93,14 @@ def wasted_work(asked: Sequence[Asked], work: Sequence[Sequence[Any]], deadline:
     return float(sum(w[2] for w in work)) - sum(seconds for _, seconds in best.values())
 
 
-def breaker_opened(asked: Sequence[Asked]) -> float | None:
-    """When the edge first heard that a breaker below it was open (seconds into the run), if it
-    did."""
-    times = [a.ended for a in asked if a.done and a.reason == "breaker-open"]
+# The reasons a layer gives when its protection refused a try: adaptive admission, a breaker.
+PROTECTED = frozenset({"shed", "breaker-open"})
+
+
+def protection_engaged(asked: Sequence[Asked]) -> float | None:
+    """When the edge first heard that a layer below it refused a question to protect the target
+    (shed by adaptive admission, or an open breaker; seconds into the run), if it did."""
+    times = [a.ended for a in asked if a.done and a.reason in PROTECTED]
     return min(times) if times else None
 
 
@@ -118,9 +122,9 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
     arrivals = [per_key.get(a.key, 0) for a in asked]
     ok = sum(1 for a in asked if a.ok(deadline))
     latencies = [1000.0 * (a.ended - a.launched) for a in asked if a.done]
-    opened = breaker_opened(asked)
+    engaged = protection_engaged(asked)
     after = [n for a, n in zip(asked, arrivals, strict=True)
-             if opened is not None and a.launched >= opened]
+             if engaged is not None and a.launched >= engaged]
     lags = [1000.0 * max(0.0, a.launched - a.scheduled) for a in asked if a.launched >= 0]
     ledger = target.get("ledger")
     counted = sum(arrivals)
@@ -141,8 +145,8 @@ def summarize(scenario: str, policy: str, asked: Sequence[Asked], per_key: dict[
         "statuses": {str(k): v
                      for k, v in sorted(Counter(a.status for a in asked if a.done).items())},
         "reasons": dict(Counter(a.reason for a in asked if a.done and a.reason is not None)),
-        "breaker_opened_s": opened,
-        "arrivals_per_question_after_open": _stats(after) if opened is not None else None,
+        "protected_s": engaged,
+        "arrivals_per_question_after_protected": _stats(after) if engaged is not None else None,
         "launch_lag_ms": {"p99": percentile(lags, 0.99), "max": max(lags) if lags else None},
         "ledger": ledger,
     }
@@ -182,7 +186,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     broken = invalid(rows)
 
     def add(goal: str, met: bool, measured: str, *policies: str) -> None:
-        scenario = goal.split(" ", 1)[0].rstrip(":")
+        scenario = goal.split(" ", 1)[0].rstrip(":%")
         why = [w for p in policies for w in broken.get((scenario, p), [])]
         if why:
             out.append({"goal": goal, "met": None,
@@ -201,19 +205,16 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             mean is not None and abs(mean - 27) <= 1.0, f"mean {fmt(mean)}", "naive")
     if ask is not None:
         a = ask["arrivals_per_question"]
-        # The issue's figure is 3 whatever the budget: with budget 3 it is the breaker at the layer
-        # nearest the target (it opens on the third failure in a row) that stops the fourth try,
-        # not the budget.
         bound = 1 + ask.get("budget", 2)
-        add("outage: askonce at most 3 arrivals for every question",
-            a["max"] is not None and a["max"] <= min(3, bound),
-            f"max {a['max']}, mean {fmt(a['mean'])} (the budget's own bound: {bound})", "askonce")
-        after = ask.get("arrivals_per_question_after_open")
+        add("outage: askonce at most 1 + budget arrivals for every question",
+            a["max"] is not None and a["max"] <= bound,
+            f"max {a['max']}, mean {fmt(a['mean'])} (1 + budget: {bound})", "askonce")
+        after = ask.get("arrivals_per_question_after_protected")
         mean_after = None if after is None else after["mean"]
-        add("outage: askonce under 1.1 per question once the breaker is open",
-            mean_after is not None and mean_after < 1.1,
-            "the breaker never opened" if after is None
-            else f"mean after it opened {fmt(mean_after)}", "askonce")
+        add("outage: askonce at most 1.05 per question once protection has engaged",
+            mean_after is not None and mean_after <= 1.05,
+            "protection never engaged" if after is None
+            else f"mean after it engaged {fmt(mean_after)}", "askonce")
     ask = by.get(("transient", "askonce"))
     if ask is not None:
         rate, mean = ask["success_rate"], ask["arrivals_per_question"]["mean"]
@@ -228,6 +229,18 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             + (" - too few questions to tell 1.111 from 1.12; the full run asks about 3,000"
                if (se := ask["arrivals_per_question"].get("se")) is not None and se > 0.01 else ""),
             "askonce")
+    for name in sorted({r["scenario"] for r in rows if r["scenario"].startswith("transient-")}):
+        ask, none = by.get((name, "askonce")), by.get((name, "no-retry"))
+        if ask is None or none is None or ask["success_rate"] is None:
+            continue
+        mine, theirs = ask["success_rate"], none["success_rate"] or 0.0
+        a = ask["arrivals_per_question"]
+        bound = 1 + ask.get("budget", 2)
+        add(f"{name}%: askonce answers at least what no-retry does (within 0.5 point), "
+            "within 1 + budget arrivals",
+            mine >= theirs - 0.005 and a["max"] is not None and a["max"] <= bound,
+            f"askonce {100 * mine:.2f}% (max {a['max']}, mean {fmt(a['mean'])}), "
+            f"no-retry {100 * theirs:.2f}%", "askonce", "no-retry")
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 
     def when(row: dict[str, Any] | None) -> str:

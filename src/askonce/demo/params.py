@@ -237,14 +237,18 @@ class Scenario:
     budget: int = DEMO_BUDGET
     grace: float = DEMO_GRACE  # the askonce clients' deadline_grace
     join: bool = True  # askonce layers and the target join repeated arrivals of a question
+    breaker: bool = False  # askonce: DEMO_BREAKER on the layer nearest the target (--breaker)
     note: str = ""
 
 
 def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
-              grace: float = DEMO_GRACE, join: bool = True) -> dict[str, Scenario]:
+              grace: float = DEMO_GRACE, join: bool = True, breaker: bool = False,
+              error_rates: tuple[float, ...] = ()) -> dict[str, Scenario]:
     """The four scenarios with their parameters; ``quick`` shortens every one (fewer questions).
 
     ``budget``: the retries each askonce question may cost in all (minted at the edge).
+    ``error_rates``: the transient scenario's sweep, one scenario ``transient-<percent>`` per rate
+    (no-retry, naive and askonce; 1,000 questions each, 180 with ``quick``), after the four.
     """
     if type(budget) is not int or not 0 <= budget <= 10:
         raise ValueError(f"budget must be an integer within 0..10, got {budget!r}")
@@ -277,6 +281,25 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             note=f"8 workers x 100 ms = 80/s; open load 64/s; capacity cut to 20% for {cut:g} s; "
                  "3 s deadline, 1 s per attempt"),
     }
+    for rate in error_rates:
+        if not (_number(rate) and 0 <= rate <= 1):
+            raise ValueError(f"an error rate must be within 0..1, got {rate!r}")
+        name = sweep_name(rate)
+        out[name] = replace(
+            out["transient"], name=name, duration=1.8 if q else 10.0,
+            policies=POLICIES, target=replace(out["transient"].target, rate=rate),
+            note=f"{100 * rate:g}% of arrivals fail at once (independent seeded draws)")
     if not (_number(grace) and 0 <= grace <= 10):
         raise ValueError(f"grace must be seconds within 0..10, got {grace!r}")
-    return {name: replace(s, budget=budget, grace=grace, join=join) for name, s in out.items()}
+    return {name: replace(s, budget=budget, grace=grace, join=join, breaker=breaker)
+            for name, s in out.items()}
+
+
+def sweep_name(rate: float) -> str:
+    """The name of the transient scenario at ``rate`` in a sweep: ``transient-50`` for 0.5."""
+    return f"transient-{100 * rate:g}"
+
+
+def kind(name: str) -> str:
+    """Which of :data:`SCENARIOS` a scenario is (a sweep's ``transient-50`` is a transient)."""
+    return name.split("-", 1)[0]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from askonce.demo.params import POLICIES, SCENARIOS, Scenario
+from askonce.demo.params import POLICIES, SCENARIOS, Scenario, kind
 from askonce.demo.runner import Run
 
 COLOURS = {"no-retry": "#7f7f7f", "naive": "#d62728", "askonce": "#2ca02c"}
@@ -20,8 +20,8 @@ COLOURS = {"no-retry": "#7f7f7f", "naive": "#d62728", "askonce": "#2ca02c"}
 
 def ordered(runs: Sequence[Run]) -> list[Run]:
     """Scenario order, then no-retry, naive, askonce (whatever order they ran in)."""
-    return sorted(runs, key=lambda r: (SCENARIOS.index(r.row["scenario"]),
-                                       POLICIES.index(r.row["policy"])))
+    return sorted(runs, key=lambda r: (SCENARIOS.index(kind(r.row["scenario"])),
+                                       r.row["scenario"], POLICIES.index(r.row["policy"])))
 
 
 def document(runs: Sequence[Run], goals: list[dict[str, Any]],

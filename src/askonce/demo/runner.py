@@ -69,7 +69,8 @@ class Runner:
                 downstream=self.stack.url(CHAIN[i + 1]),
                 attempts=layer_attempts(policy, scenario.budget),
                 timeout=scenario.layer_timeout, grace=scenario.grace, join=scenario.join,
-                breaker=policy == "askonce" and name == "service",  # the layer nearest the target
+                # The layer nearest the target; every askonce layer has adaptive admission.
+                breaker=scenario.breaker and policy == "askonce" and name == "service",
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),
             )  # fmt: skip
         return out

@@ -4,16 +4,17 @@
 :func:`predict_demo` turns that document into simulator runs and returns rows in the demo's
 schema; :func:`compare` sets the two side by side (``python -m askonce.sim.fidelity results.json``).
 No number of the demo is copied: scenarios are rebuilt with :mod:`askonce.demo.params`, the layers'
-tries and backoff are ``LayerSettings``' defaults, the edge's ``EdgePlan``'s, the breaker
-``DEMO_BREAKER``.
+tries and backoff are ``LayerSettings``' defaults, the edge's ``EdgePlan``'s, the admission the
+library's default (and the breaker ``DEMO_BREAKER`` with ``--breaker``).
 
 The model (:class:`DemoSim`: the simulator's own code, given the demo's inputs and topology):
 
 * the edge (``edge_attempts`` tries of ``edge_timeout``, cut to the deadline) mints the question;
-  three layers (gateway, api, service) make 3 tries of ``layer_timeout``; askonce: the breaker on
-  the service, buckets at the library's default, the target shedding past the deadline, and every
-  layer cut at its question's deadline with no breaker verdict (the middleware cancels the
-  handler, and the client releases the breaker rather than record a failure);
+  three layers (gateway, api, service) make 3 tries of ``layer_timeout``; askonce: adaptive
+  admission on the service (and the breaker with ``--breaker``), buckets at the library's default,
+  the target shedding past the deadline, and every layer cut at its question's deadline with no
+  verdict (the middleware cancels the handler, and the client releases the breaker and tells the
+  admission nothing rather than record a failure);
 * the api is waitress: ``THREADS`` threads, requests beyond them wait in a FIFO queue (in the
   overload it is what keeps a naive stack's retries away from the target);
 * the load: the very launch times and keys of the demo's edge (``poisson_schedule``,
@@ -42,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from askonce._loop import Tried
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.question import Account, Tab
 from askonce.core.retry import LOST, Failure
@@ -83,15 +85,17 @@ def scenario_from_json(data: Mapping[str, Any]) -> Scenario:
 
 def policy_for(scenario: Scenario, policy: str) -> Policy:
     """The simulator's preset for one of the demo's policies, with the demo's knobs (one process
-    each: ``shared``; the demo's breaker on the layer nearest the target and no adaptive admission,
-    as the demo's own layers have)."""
+    each: ``shared``; the library's adaptive admission on the layer nearest the target, and the
+    demo's breaker there too with ``--breaker``). The layers above have admission too in the demo;
+    the model leaves it out: what reaches them from below is an answer or a do-not-retry, which is
+    no verdict on the target."""
     if policy not in ("no-retry", "naive", "askonce"):
         raise ValueError(f"policy must be one of no-retry, naive, askonce, got {policy!r}")
     layer = demo_params.LayerSettings()
     attempts = demo_params.layer_attempts(policy, scenario.budget)
     chosen = preset(policy, Knobs(attempts=attempts, budget=scenario.budget,
-                                  breaker=demo_params.DEMO_BREAKER, admission=None,
-                                  askonce_breaker=True,
+                                  breaker=demo_params.DEMO_BREAKER, admission=AdmissionPolicy(),
+                                  askonce_breaker=scenario.breaker,
                                   backoff=Backoff(layer.backoff_base,
                                                   max(layer.backoff_cap, layer.backoff_base)),
                                   shared=True, join=scenario.join))  # fmt: skip
