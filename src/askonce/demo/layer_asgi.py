@@ -20,6 +20,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+import askonce
 from askonce.client import ClientPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.retry import RetryPolicy
@@ -150,7 +151,8 @@ class Layer:
             except (ValueError, TypeError) as exc:
                 status, body = 400, {"error": str(exc)}
         elif path == "/_demo/stats":
-            body = {"inflight": self.inflight, "mode": self.settings.mode}
+            body = {"inflight": self.inflight, "mode": self.settings.mode,
+                    "counters": askonce.stats()}
         elif path != "/_demo/health":
             status, body = 404, {"error": "no such control"}
         await send_json(send, status, body)

@@ -19,6 +19,7 @@ from flask import Flask
 from flask import request as flask_request
 from requests.adapters import HTTPAdapter
 
+import askonce
 from askonce.client import ClientPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.retry import RetryPolicy
@@ -141,7 +142,8 @@ class Api:
             except (ValueError, TypeError) as exc:
                 status, body = "400 Bad Request", {"error": str(exc)}
         elif path == "/_demo/stats":
-            body = {"inflight": self.inflight, "mode": self.settings.mode}
+            body = {"inflight": self.inflight, "mode": self.settings.mode,
+                    "counters": askonce.stats()}
         elif path != "/_demo/health":
             status, body = "404 Not Found", {"error": "no such control"}
         data = json.dumps(body).encode()
