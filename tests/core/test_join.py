@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from askonce.core.join import Answer, JoinPolicy, Joins, Verdict
+from askonce.core.join import (
+    Answer,
+    JoinPolicy,
+    Joins,
+    Preference,
+    Verdict,
+    decode_answer,
+    encode_answer,
+    parse_prefer,
+)
 
 Q = ("tenant", "GET /x", "KEY0123456789abcdef")
 OK = Answer(200, ((b"content-type", b"text/plain"),), b"done")
@@ -105,3 +114,47 @@ def test_bounded_and_every_entry_in_flight_is_remembered(ops: list[tuple[int, st
 def test_a_bad_policy_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         JoinPolicy(**bad)  # type: ignore[arg-type]
+
+
+# --- an answer stored in a shared store, and the Prefer header --------------------------------------
+
+@given(st.integers(100, 999), st.lists(st.tuples(st.binary(max_size=40), st.binary(max_size=40)),
+                                       max_size=8), st.binary(max_size=200))
+def test_an_encoded_answer_decodes_to_itself(status: int, headers: list[tuple[bytes, bytes]],
+                                             body: bytes) -> None:
+    answer = Answer(status, tuple(headers), body)
+    assert decode_answer(encode_answer(answer), 1000) == answer
+
+
+@given(st.binary(max_size=64))
+def test_bytes_that_are_not_an_answer_decode_to_none_or_an_answer_never_an_error(raw: bytes) -> None:
+    decoded = decode_answer(raw, 1000)
+    assert decoded is None or 100 <= decoded.status <= 999
+
+
+def test_a_stored_body_over_the_bound_or_cut_short_is_refused() -> None:
+    raw = encode_answer(Answer(200, ((b"k", b"v"),), b"x" * 11))
+    assert decode_answer(raw, 10) is None
+    assert decode_answer(raw[:6], 100) is None  # a header cut short
+    assert decode_answer(b"", 100) is None
+
+
+def test_peek_shows_a_question_without_arriving() -> None:
+    j = Joins(JoinPolicy(ttl=5.0))
+    assert j.peek(Q, 0.0) is None
+    _, entry = j.arrive(Q, b"d", 0.0)
+    assert j.peek(Q, 1.0) is entry and entry is not None and entry.waiters == 0
+    j.finish(Q, entry, OK, 1.0)
+    assert j.peek(Q, 5.9) is entry and j.peek(Q, 6.0) is None
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([], Preference()),
+    (["respond-async"], Preference(True)),
+    (["respond-async, wait=10"], Preference(True, 10.0)),
+    (["wait=100000", "RESPOND-ASYNC"], Preference(True, 30.0)),  # capped
+    (['wait="5"'], Preference(False, 5.0)),
+    (["wait=-1", "wait=1e9", "wait=", "handling=lenient"], Preference()),  # ignored
+])
+def test_prefer_asks_for_async_and_a_bounded_wait(values: list[str], expected: Preference) -> None:
+    assert parse_prefer(values, 30.0) == expected

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from askonce.core import is_int, is_real
 
-__all__ = ["Answer", "Entry", "JoinPolicy", "Joins", "Verdict"]
+__all__ = ["Answer", "Entry", "JoinPolicy", "Joins", "Preference", "Verdict", "decode_answer",
+           "encode_answer", "keeps", "parse_prefer"]
 
 Scope = tuple[str, str, str]  # (principal, operation, key)
 
@@ -118,8 +120,7 @@ class Joins:
         """The run of ``entry`` answered: hand ``answer`` to its waiters; keep it if it may be
         replayed (not a server error, small enough, a ttl above zero)."""
         entry.done, entry.answer = True, answer
-        keep = (answer.status < 500 and len(answer.body) <= self.policy.max_body
-                and self.policy.ttl > 0)
+        keep = keeps(self.policy, answer)
         if self._entries.get(scope) is not entry:
             return
         if keep:
@@ -135,6 +136,11 @@ class Joins:
         if self._entries.get(scope) is entry:
             del self._entries[scope]
 
+    def peek(self, scope: Scope, now: float) -> Entry | None:
+        """The entry of ``scope`` (in flight, or finished and kept), without arriving."""
+        self._expire(now)
+        return self._entries.get(scope)
+
     def _expire(self, now: float) -> None:
         finished = self._finished
         while finished:
@@ -143,3 +149,71 @@ class Joins:
                 return
             finished.popitem(last=False)
             del self._entries[scope]
+
+
+def keeps(policy: JoinPolicy, answer: Answer) -> bool:
+    """Whether ``answer`` is kept for replay: not a server error, small enough, a ttl above 0."""
+    return answer.status < 500 and len(answer.body) <= policy.max_body and policy.ttl > 0
+
+
+# An answer stored outside the process (a shared store): status, header count, then each header
+# as two lengths and its bytes, then the body. Bounded and strictly parsed on the way back.
+_HEAD = struct.Struct(">HH")
+MAX_HEADERS = 100
+
+
+def encode_answer(answer: Answer) -> bytes:
+    """``answer`` as bytes for a shared store (headers past ``MAX_HEADERS`` or 64 kB are cut)."""
+    headers = [(k[:65535], v[:65535]) for k, v in answer.headers[:MAX_HEADERS]]
+    parts = [_HEAD.pack(answer.status, len(headers))]
+    for k, v in headers:
+        parts += [_HEAD.pack(len(k), len(v)), k, v]
+    parts.append(answer.body)
+    return b"".join(parts)
+
+
+def decode_answer(raw: bytes, max_body: int) -> Answer | None:
+    """The answer ``encode_answer`` wrote, or ``None`` if ``raw`` is not one (or its body is
+    larger than ``max_body``)."""
+    try:
+        status, n = _HEAD.unpack_from(raw, 0)
+        at, headers = _HEAD.size, []
+        if not 100 <= status <= 999 or n > MAX_HEADERS:
+            return None
+        for _ in range(n):
+            kl, vl = _HEAD.unpack_from(raw, at)
+            at += _HEAD.size
+            k, v = raw[at:at + kl], raw[at + kl:at + kl + vl]
+            if len(k) != kl or len(v) != vl:
+                return None
+            headers.append((k, v))
+            at += kl + vl
+    except struct.error:
+        return None
+    body = raw[at:]
+    return Answer(status, tuple(headers), body) if len(body) <= max_body else None
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """What a ``Prefer`` header (RFC 7240) asks of a joining server."""
+
+    respond_async: bool = False
+    wait: float | None = None  # seconds the caller is willing to wait (``wait=N``)
+
+
+def parse_prefer(values: list[str], max_wait: float) -> Preference:
+    """``respond-async`` and ``wait=N`` (capped to ``max_wait``) from the ``Prefer`` header lines;
+    anything else, or a malformed ``wait``, is ignored (a preference may always be ignored)."""
+    respond_async, wait = False, None
+    for value in values[:16]:
+        for item in value[:1024].split(","):
+            name, _, arg = item.strip().partition("=")
+            name = name.strip().lower()
+            if name == "respond-async":
+                respond_async = True
+            elif name == "wait":
+                arg = arg.strip().strip('"')
+                if arg.isdigit() and len(arg) <= 6:
+                    wait = min(float(arg), max_wait)
+    return Preference(respond_async, wait)
