@@ -251,7 +251,8 @@ class RedisJoinStore:
         end = _stats.monotonic() + left
         try:
             while (left := end - _stats.monotonic()) > 0:
-                raw = self._block.blmove(done, done, min(left, self.lease / 2), "LEFT", "LEFT")
+                raw = self._block.execute_command("BLMOVE", done, done, "LEFT", "LEFT",
+                                                  min(left, self.lease / 2))
                 if raw is not None:
                     return self._got(raw, policy)
                 if not self._ops.exists(lease):
@@ -310,8 +311,8 @@ class RedisJoinStore:
         end = _stats.monotonic() + left
         try:
             while (left := end - _stats.monotonic()) > 0:
-                raw = await self._ablock.blmove(done, done, min(left, self.lease / 2), "LEFT",
-                                                "LEFT")
+                raw = await self._ablock.execute_command("BLMOVE", done, done, "LEFT", "LEFT",
+                                                        min(left, self.lease / 2))
                 if raw is not None:
                     return self._got(raw, policy)
                 if not await self._aops.exists(lease):
