@@ -111,7 +111,7 @@ class RedisJoinStore:
         self.op_timeout, self.retry_after, self.max_waiters = op_timeout, retry_after, max_waiters
         kw: dict[str, Any] = {"socket_connect_timeout": op_timeout, "retry": Retry(NoBackoff(), 0)}
         self._ops = redis.Redis.from_url(url, socket_timeout=op_timeout, **kw)
-        self._block = redis.Redis.from_url(url, socket_timeout=self.lease + 1.0, **kw)
+        self._block: Any = redis.Redis.from_url(url, socket_timeout=self.lease + 1.0, **kw)
         self._aops: Any = None  # made on first async use, in the serving event loop
         self._ablock: Any = None
         self._scripts = [self._ops.register_script(s) for s in (LUA_ARRIVE, LUA_FINISH,
