@@ -28,11 +28,14 @@ table serves one event loop: a waiter on another loop runs unjoined (``server.jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Verdict
+from askonce.core.question import Tab
 from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
@@ -49,11 +52,16 @@ from askonce.integrations._join import (
     principal_of,
     ran,
 )
+from askonce.integrations._join_async import STATUS_PATH, accepted, located, prefer
 from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["JOINED_HEADER", "JoinASGIMiddleware"]
+if TYPE_CHECKING:
+    from askonce.stores.join_redis import RedisJoinStore
+
+__all__ = ["JOINED_HEADER", "STATUS_PATH", "JoinASGIMiddleware"]
 
 QUESTION = b"askonce-question"
+UNKNOWN_BODY = b"askonce: no such question here (or its answer was not kept): ask it again\n"
 
 
 async def _refuse(send: Send) -> None:
@@ -72,11 +80,28 @@ class JoinASGIMiddleware(Joining):
     app: ASGIApp
 
     def __init__(self, app: ASGIApp, *, policy: JoinPolicy = JoinPolicy(),
-                 principal: Callable[[Scope], str] | None = None) -> None:
+                 principal: Callable[[Scope], str] | None = None,
+                 store: RedisJoinStore | None = None, status_path: str = STATUS_PATH,
+                 max_background: int = 100) -> None:
         super().__init__(app, policy, principal, kind="an ASGI", request="scope")
+        if store is not None and not callable(getattr(store, "aarrive", None)):
+            raise ValueError(f"store must be a RedisJoinStore, got {store!r}")
+        if not isinstance(status_path, str) or not status_path.startswith("/") \
+                or not status_path.endswith("/"):
+            raise ValueError(f"status_path must start and end with '/', got {status_path!r}")
+        if not isinstance(max_background, int) or not 0 <= max_background <= 100_000:
+            raise ValueError(f"max_background must be an int within 0..100000, "
+                             f"got {max_background!r}")
+        self.store = store
+        self.status_path = status_path
+        self.max_background = max_background
+        self._background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         frame = current_frame()
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith(self.status_path):
+            await self._status(scope, send)
+            return
         if scope["type"] != "http" or frame is None or frame[0].minted_here:
             await self.app(scope, receive, send)
             return
@@ -90,8 +115,12 @@ class JoinASGIMiddleware(Joining):
             return
         key = (who, f"{scope.get('method', '')} {scope.get('path', '')}", frame[0].key)
         fingerprint = digest(scope.get("query_string", b""), body)
-        loop = asyncio.get_running_loop()
         tab = frame[0]
+        if self.store is not None:
+            await self._shared(key, fingerprint, rejoin, tab, scope, receive, send)
+            return
+        later = prefer(scope).respond_async and not rejoin
+        loop = asyncio.get_running_loop()
         for _ in range(MAX_REARRIVALS):
             with self._lock:
                 verdict, entry = self.joins.arrive(key, fingerprint, loop.time())
@@ -102,9 +131,18 @@ class JoinASGIMiddleware(Joining):
                         entry.signal = Run(loop, asyncio.Event(), tab)
             _stats.count(f"server.join.{verdict.value}")
             if verdict is Verdict.RUN and entry is not None and not rejoin:
+                if later and len(self._background) < self.max_background:
+                    self._later(key, entry, scope, body, tab.deadline)
+                    await accepted(scope, send, self.status_path, key)
+                    return
+                if later:
+                    _stats.count("server.join.async.full")  # the preference is ignored
                 if tab.deadline is not None:
                     detach()  # its caller may re-attach: a disconnect does not cancel it
                 await self._run(key, entry, scope, receive, send)
+                return
+            if verdict is Verdict.WAIT and later and entry is not None and _loop_of(entry) is loop:
+                await accepted(scope, send, self.status_path, key)
                 return
             if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:
                 _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
@@ -143,6 +181,94 @@ class JoinASGIMiddleware(Joining):
             run = entry.signal
             if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
                 run.wake.set()  # this loop's: the run and its waiters share it
+
+
+    async def _shared(self, key: tuple[str, str, str], fingerprint: bytes, rejoin: bool,
+                      tab: Tab, scope: Scope, receive: Receive, send: Send) -> None:
+        """The same decisions, in the fleet's Redis store (``askonce.stores.join_redis``)."""
+        store = self.store
+        assert store is not None
+        for _ in range(MAX_REARRIVALS):
+            verdict, answer, token = await store.aarrive(key, fingerprint, self.policy,
+                                                         may_run=not rejoin)
+            _stats.count(f"server.join.{verdict.value}")
+            if verdict is Verdict.RUN and token is not None:
+                if tab.deadline is not None:
+                    detach()
+                capture = _Capture(send, self.policy.max_body)
+                try:
+                    await self.app(scope, receive, capture)
+                finally:
+                    await store.afinish(key, token, capture.answer(), self.policy)
+                return
+            if verdict is Verdict.WAIT:
+                answer = await store.await_answer(key, _left(tab.deadline), self.policy)
+                if answer is None:
+                    continue  # the run ended without an answer, or its holder died
+                await _send(send, answer, b"wait")
+                return
+            if verdict is Verdict.REPLAY and answer is not None:
+                await _send(send, answer, b"replay")
+                return
+            if verdict is Verdict.CONFLICT:
+                await _send(send, Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY),
+                            None)
+                return
+            break
+        await (_refuse(send) if rejoin else self.app(scope, receive, send))
+
+    def _later(self, key: tuple[str, str, str], entry: Entry, scope: Scope, body: bytes,
+               deadline: float | None) -> None:
+        """Run the question in the background (``Prefer: respond-async``), within its deadline
+        (or ``MAX_WAIT``); its answer is kept as any other, for the status location."""
+        async def receive() -> Message:
+            if pending:
+                return pending.pop()
+            await asyncio.Event().wait()  # no caller to go away: the deadline ends the run
+            raise AssertionError("unreachable")
+
+        async def sink(message: Message) -> None:
+            pass
+
+        async def run() -> None:
+            try:
+                await asyncio.wait_for(self._run(key, entry, scope, receive, sink),
+                                       _left(deadline))
+            except Exception:  # the run's own failure is its answer's business: none is kept
+                _stats.count("server.join.async.failed")
+
+        pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+        _stats.count("server.join.async")
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _status(self, scope: Scope, send: Send) -> None:
+        """The status location of a question answered in the background: 200 (its answer), 202
+        while it runs (``Prefer: wait=N`` holds up to N seconds), 404 for anyone else's."""
+        found = located(str(scope.get("path", ""))[len(self.status_path):])
+        who = principal_of(self.principal, scope)
+        if found is None or who is None or scope.get("method") not in ("GET", "HEAD"):
+            _stats.count("server.join.status.unknown")
+            await _send(send, Answer(404, ((b"content-type", b"text/plain"),), UNKNOWN_BODY), None)
+            return
+        key = (who, *found)
+        with self._lock:
+            entry = self.joins.peek(key, asyncio.get_running_loop().time())
+        wait = prefer(scope).wait
+        if entry is not None and not entry.done and wait and _loop_of(entry) is \
+                asyncio.get_running_loop():
+            run = entry.signal
+            if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(run.wake.wait(), wait)
+        if entry is not None and entry.done and entry.answer is not None:
+            await _send(send, entry.answer, b"replay")
+        elif entry is not None and not entry.done:
+            await accepted(scope, send, self.status_path, key)
+        else:  # never asked, another principal's, expired, or it ended with no answer kept
+            _stats.count("server.join.status.unknown")
+            await _send(send, Answer(404, ((b"content-type", b"text/plain"),), UNKNOWN_BODY), None)
 
 
 class _Capture:
@@ -251,3 +377,9 @@ async def _send(send: Send, answer: Answer, joined: bytes | None) -> None:
         headers.append((JOINED_HEADER, joined))
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})
+
+
+def _left(deadline: float | None) -> float:
+    return MAX_WAIT if deadline is None else min(MAX_WAIT,
+                                                 max(0.0, deadline - _stats.monotonic()))
+

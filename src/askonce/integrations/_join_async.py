@@ -1,0 +1,56 @@
+"""Async mode at a joining ASGI callee (``Prefer: respond-async``, RFC 7240): the wire of it.
+
+A question asked with ``Prefer: respond-async`` is answered ``202 Accepted`` with a ``Location``
+(``status_path`` followed by the operation and key, base64url) and ``Preference-Applied:
+respond-async``; the run goes on in the background and its answer is kept as any joined answer.
+A GET of the location is looked up under the GET's own principal, so it never finds another's.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from askonce.core.join import Preference, parse_prefer
+from askonce.integrations.asgi import Scope, Send
+
+__all__ = ["MAX_LONG_POLL", "STATUS_PATH", "accepted", "located", "location", "prefer"]
+
+PREFER = b"prefer"
+STATUS_PATH = "/.askonce/answers/"
+MAX_LONG_POLL = 30.0  # seconds a status GET may hold (``Prefer: wait=N``)
+
+
+def prefer(scope: Scope) -> Preference:
+    """What the request's ``Prefer`` header lines ask (``wait`` capped to ``MAX_LONG_POLL``)."""
+    return parse_prefer([v.decode("latin-1") for k, v in scope.get("headers", ()) if k == PREFER],
+                        MAX_LONG_POLL)
+
+
+def location(status_path: str, key: tuple[str, str, str]) -> str:
+    """Where a question's answer will be: the operation and key, not the principal (the GET's
+    own principal is looked up, so another's finds nothing)."""
+    token = base64.urlsafe_b64encode(f"{key[1]}\x00{key[2]}".encode()).rstrip(b"=")
+    return status_path + token.decode("ascii")
+
+
+def located(token: str) -> tuple[str, str] | None:
+    """The (operation, key) a location's last segment names, or ``None``."""
+    if not 0 < len(token) <= 4096:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    operation, sep, key = raw.partition("\x00")
+    return (operation, key) if sep and key else None
+
+
+async def accepted(scope: Scope, send: Send, status_path: str, key: tuple[str, str, str]
+                    ) -> None:
+    """202: the answer will be at the status location."""
+    where = str(scope.get("root_path", "")) + location(status_path, key)
+    body = f"askonce: accepted; GET {where} for the answer\n".encode()
+    await send({"type": "http.response.start", "status": 202, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"), (b"location", where.encode()),
+        (b"preference-applied", b"respond-async"), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": body})
