@@ -43,9 +43,10 @@ def test_a_question_arriving_at_both_replicas_at_once_runs_once_and_both_answer(
     for _ in range(3):
         key = new_key()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            rs = list(pool.map(lambda url: httpx.post(url + "/slow", content=b"q",
-                                                      headers=_header(key), timeout=20.0),
-                               [a.url, b.url, a.url, b.url]))
+            futures = [pool.submit(httpx.post, url + "/slow", content=b"q",
+                                   headers=_header(key), timeout=20.0)
+                       for url in (a.url, b.url, a.url, b.url)]
+            rs = [f.result() for f in futures]
         assert [r.status_code for r in rs] == [200] * 4
         assert len({r.text for r in rs}) == 1 and rs[0].text.startswith("answer to q from ")
         assert sorted(r.headers.get(JOINED, "run") for r in rs) == ["run", "wait", "wait", "wait"]
