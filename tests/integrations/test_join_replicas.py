@@ -89,3 +89,34 @@ def test_killing_the_replica_that_holds_the_question_lets_the_other_take_it_over
     assert _runs(counter, key) == 2
     replay = httpx.post(b.url + "/hang", content=b"q", headers=_header(key), timeout=20.0)
     assert replay.headers[JOINED] == "replay" and _runs(counter, key) == 2
+
+
+def test_with_redis_down_an_asgi_replica_runs_unjoined_and_counts_it(
+        own_redis: RedisServer) -> None:
+    from typing import Any
+
+    import askonce
+    from askonce.integrations.asgi import AskonceASGIMiddleware
+    from askonce.integrations.asgi_join import JoinASGIMiddleware
+    from askonce.stores.join_redis import RedisJoinStore
+    from e2e_services import uvicorn_running
+    from stats_delta import delta
+
+    runs: list[str] = []
+
+    async def handler(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        runs.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    store = RedisJoinStore(own_redis.url, retry_after=60.0)
+    app = AskonceASGIMiddleware(JoinASGIMiddleware(handler, store=store), layer="callee")
+    own_redis.stop()
+    key, before = new_key(), askonce.stats()
+    with uvicorn_running(app) as url:
+        rs = [httpx.post(url + "/x", content=b"q", headers=_header(key), timeout=20.0)
+              for _ in range(2)]
+    assert [r.status_code for r in rs] == [200, 200] and len(runs) == 2
+    moved = delta(before)
+    assert moved["server.join.bypass"] == 2 and moved["server.join.redis.error.connection"] == 1

@@ -22,11 +22,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from askonce import _stats
 from askonce._context import current_frame
 from askonce.core.join import Answer, Entry, JoinPolicy, Verdict
+from askonce.core.question import Tab
 from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
     CONFLICT_BODY,
@@ -44,6 +45,9 @@ from askonce.integrations._join import (
 )
 from askonce.integrations.wsgi import Environ, StartResponse, WSGIApp
 
+if TYPE_CHECKING:
+    from askonce.stores.join_redis import RedisJoinStore
+
 __all__ = ["JoinWSGIMiddleware"]
 
 _JOINED = JOINED_HEADER.decode("ascii")
@@ -56,8 +60,12 @@ class JoinWSGIMiddleware(Joining):
     app: WSGIApp
 
     def __init__(self, app: WSGIApp, *, policy: JoinPolicy = JoinPolicy(),
-                 principal: Callable[[Environ], str] | None = None) -> None:
+                 principal: Callable[[Environ], str] | None = None,
+                 store: RedisJoinStore | None = None) -> None:
         super().__init__(app, policy, principal, kind="a WSGI", request="environ")
+        if store is not None and not callable(getattr(store, "arrive", None)):
+            raise ValueError(f"store must be a RedisJoinStore, got {store!r}")
+        self.store = store
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         frame = current_frame()
@@ -75,6 +83,8 @@ class JoinWSGIMiddleware(Joining):
                tab.key)
         fingerprint = digest(str(environ.get("QUERY_STRING", "")).encode("latin-1", "replace"),
                              body)
+        if self.store is not None:
+            return self._shared(key, fingerprint, rejoin, tab, environ, start_response)
         for _ in range(MAX_REARRIVALS):
             with self._lock:
                 verdict, entry = self.joins.arrive(key, fingerprint, _stats.monotonic())
@@ -101,8 +111,39 @@ class JoinWSGIMiddleware(Joining):
             break  # BYPASS, or RUN for a re-attach
         return _refuse(start_response) if rejoin else self.app(environ, start_response)
 
-    def _run(self, key: tuple[str, str, str], entry: Entry, environ: Environ,
-             start_response: StartResponse) -> Iterable[bytes]:
+    def _shared(self, key: tuple[str, str, str], fingerprint: bytes, rejoin: bool, tab: Tab,
+                environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """The same decisions, in the fleet's Redis store (``askonce.stores.join_redis``)."""
+        store = self.store
+        assert store is not None
+        for _ in range(MAX_REARRIVALS):
+            verdict, answer, token = store.arrive(key, fingerprint, self.policy,
+                                                  may_run=not rejoin)
+            _stats.count(f"server.join.{verdict.value}")
+            if verdict is Verdict.RUN and token is not None:
+                def finish(answer: Answer | None, token: bytes = token) -> None:
+                    store.finish(key, token, answer, self.policy)
+
+                return self._run(key, None, environ, start_response, finish)
+            if verdict is Verdict.WAIT:
+                left = MAX_WAIT if tab.deadline is None else max(
+                    0.0, min(MAX_WAIT, tab.deadline - _stats.monotonic()))
+                answer = store.wait(key, left, self.policy)
+                if answer is None:
+                    continue  # the run ended without an answer, or its holder died
+                return _send(start_response, answer, "wait")
+            if verdict is Verdict.REPLAY and answer is not None:
+                return _send(start_response, answer, "replay")
+            if verdict is Verdict.CONFLICT:
+                return _send(start_response,
+                             Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY), None)
+            break
+        return _refuse(start_response) if rejoin else self.app(environ, start_response)
+
+    def _run(self, key: tuple[str, str, str], entry: Entry | None, environ: Environ,
+             start_response: StartResponse,
+             finish: Callable[[Answer | None], None] | None = None) -> Iterable[bytes]:
+        """Run the handler, keeping its answer: in the table (``entry``) or by ``finish``."""
         status: list[int] = []
         headers: list[tuple[bytes, bytes]] = []
         chunks: list[bytes] = []
@@ -134,15 +175,22 @@ class JoinWSGIMiddleware(Joining):
                 answer = Answer(status[0], tuple(headers), b"".join(chunks))
             return [answer.body] if answer is not None else chunks
         finally:
-            ran(entry.signal)
-            with self._lock:
-                if answer is None:
-                    self.joins.abandon(key, entry)
-                else:
-                    self.joins.finish(key, entry, answer, _stats.monotonic())
-            run = entry.signal
-            if isinstance(run, Run) and isinstance(run.wake, threading.Event):
-                run.wake.set()
+            if entry is None:
+                if finish is not None:
+                    finish(answer)
+            else:
+                self._settle(key, entry, answer)
+
+    def _settle(self, key: tuple[str, str, str], entry: Entry, answer: Answer | None) -> None:
+        ran(entry.signal)
+        with self._lock:
+            if answer is None:
+                self.joins.abandon(key, entry)
+            else:
+                self.joins.finish(key, entry, answer, _stats.monotonic())
+        run = entry.signal
+        if isinstance(run, Run) and isinstance(run.wake, threading.Event):
+            run.wake.set()
 
 
 class _Streamed:
