@@ -8,15 +8,22 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
+import askonce
 from askonce.core.wire import QUESTION_HEADER, format_question
+from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.propagation import new_key
+from askonce.stores.join_redis import RedisJoinStore
+from e2e_services import uvicorn_running
 from join_replicas import Replica, replicas
 from redis_server import RedisServer
+from stats_delta import delta
 
 JOINED = "askonce-joined"
 
@@ -93,15 +100,6 @@ def test_killing_the_replica_that_holds_the_question_lets_the_other_take_it_over
 
 def test_with_redis_down_an_asgi_replica_runs_unjoined_and_counts_it(
         own_redis: RedisServer) -> None:
-    from typing import Any
-
-    import askonce
-    from askonce.integrations.asgi import AskonceASGIMiddleware
-    from askonce.integrations.asgi_join import JoinASGIMiddleware
-    from askonce.stores.join_redis import RedisJoinStore
-    from e2e_services import uvicorn_running
-    from stats_delta import delta
-
     runs: list[str] = []
 
     async def handler(scope: dict[str, Any], receive: Any, send: Any) -> None:
