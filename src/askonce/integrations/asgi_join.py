@@ -23,6 +23,13 @@ loop) look like a retry of the first, and are joined or replayed. Bind a child q
 (``askonce.fanout(label)``) to make them distinct. An answer larger than ``max_body`` is not kept
 (the body is not buffered past it), so its waiters run the handler themselves, one at a time. The
 table serves one event loop: a waiter on another loop runs unjoined (``server.join.other-loop``).
+
+``store``: a :class:`~askonce.stores.join_redis.RedisJoinStore` shares the joins of a fleet of
+replicas (the same decisions, leased in Redis). Async mode (memory table only): a question asked
+with ``Prefer: respond-async`` is answered 202 with a status location under ``status_path`` and
+runs in the background (at most ``max_background`` at once, within its deadline); a GET there
+answers it (``Prefer: wait=N`` long-polls), for the same principal only
+(:mod:`askonce.integrations._join_async`).
 """
 
 from __future__ import annotations

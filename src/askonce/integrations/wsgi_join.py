@@ -12,7 +12,8 @@ passes (then a bare 503). A request body is read for comparison only when its ``
 is given and at most the policy's ``max_body`` (otherwise it runs unjoined,
 ``server.join.unread``). The response is buffered up to ``max_body``; a larger one is streamed on
 and not kept (``server.join.too-large``): its waiters run the handler themselves. Responses the app
-sends through the legacy ``write`` callable are kept too.
+sends through the legacy ``write`` callable are kept too. ``store``: a
+:class:`~askonce.stores.join_redis.RedisJoinStore` shares the joins of a fleet of replicas.
 """
 
 from __future__ import annotations
