@@ -151,11 +151,25 @@ def test_independent_draws_pool_enough_runs_for_an_expectation() -> None:
 
 
 def test_cancelled_calls_give_the_breaker_no_verdict() -> None:
-    # Overload: every askonce question reaches the target once; the service's calls end at the deadline,
-    # which is the middleware cancelling them, not the target failing, so its breaker never opens.
-    row = predict_demo(document(("overload",)))["scenarios"][2]
+    # Overload without the target's concurrency limit: every askonce question reaches the target
+    # once; the service's calls end at the deadline, which is the middleware cancelling them, not the
+    # target failing, so its breaker never opens.
+    doc = document(("overload",))
+    doc["parameters"]["overload"]["target"]["concurrency"] = False
+    row = predict_demo(doc)["scenarios"][2]
     assert row["policy"] == "askonce"
     assert row["arrivals_per_question"]["mean"] == 1.0
+
+
+def test_overloaded_refusals_are_a_verdict_for_the_breaker() -> None:
+    # With the limit, what is over it is refused r=overloaded, which counts against the target: the
+    # service's breaker opens in the cut, so fewer questions reach the target, never more than once.
+    doc = document(("overload",))
+    assert doc["parameters"]["overload"]["target"]["concurrency"] is True
+    row = predict_demo(doc)["scenarios"][2]
+    assert row["policy"] == "askonce"
+    assert row["arrivals_per_question"]["max"] == 1
+    assert row["arrivals_per_question"]["mean"] < 1.0
 
 
 # --- against the real demo ------------------------------------------------------------------------
@@ -264,13 +278,19 @@ def test_joining_layers_answer_the_slow_questions_with_the_work_done_once() -> N
 
 
 def test_an_edge_that_rejoins_deepens_the_overloaded_targets_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Why the demo's edge keeps its own short attempts (rejoin=False): waiting out the 3 s deadline
-    # for one joined run lets the target's FIFO queue hold 3 s of work instead of 1 s.
+    # Why the demo's edge keeps its own short attempts (rejoin=False): without a concurrency limit,
+    # waiting out the 3 s deadline for one joined run lets the target's FIFO queue hold 3 s of work
+    # instead of 1 s. With the limit the queue stays short, and waiting costs nothing.
     overload = params.scenarios()["overload"]
-    kept = fidelity.simulate(overload, "askonce")
+    fifo = dataclasses.replace(overload, target=dataclasses.replace(overload.target,
+                                                                    concurrency=False))
+    kept, kept_limited = fidelity.simulate(fifo, "askonce"), fidelity.simulate(overload, "askonce")
     plain = fidelity.policy_for
     monkeypatch.setattr(fidelity, "policy_for",
                         lambda s, p: dataclasses.replace(plain(s, p), edge_rejoins=True))
-    rejoined = fidelity.simulate(overload, "askonce")
+    rejoined = fidelity.simulate(fifo, "askonce")
     assert rejoined["success_rate"] < kept["success_rate"] / 2
     assert kept["recovery_s"] is not None and rejoined["recovery_s"] is None
+    limited = fidelity.simulate(overload, "askonce")
+    assert limited["success_rate"] >= 0.95 * kept_limited["success_rate"]
+    assert limited["recovery_s"] is not None

@@ -116,7 +116,9 @@ class TargetSettings:
     ``slow_time`` instead of ``service_time``. Which arrivals fail or are slow is a hash of the
     seed, the question id and the arrival's number for that id: independent draws, the same for
     every policy. ``capacity``: ``(start, end, factor)`` in seconds after ``t0`` (wall clock):
-    between them the service time is divided by ``factor``.
+    between them the service time is divided by ``factor``. ``concurrency``: in askonce mode, the
+    middleware keeps an adaptive concurrency limit (``ConcurrencyPolicy()``), refusing what is
+    over it with 503 ``r=overloaded``.
     """
 
     mode: Mode = "naive"
@@ -132,10 +134,13 @@ class TargetSettings:
     redis: str | None = None
     prefix: str = "askonce-demo"
     join: bool = True
+    concurrency: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
         _check(type(self.join) is bool, "join must be true or false", self.join)
+        _check(type(self.concurrency) is bool, "concurrency must be true or false",
+               self.concurrency)
         _check(type(self.slots) is int and 1 <= self.slots <= 1000, "slots must be within 1..1000",
                self.slots)
         _check(self.failure in FAILURES, f"failure must be one of {FAILURES}", self.failure)
@@ -275,7 +280,7 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             note="10% of arrivals take 2 s; every layer's per-attempt timeout is 1 s"),
         "overload": Scenario(
             "overload", rate=64.0, duration=before + cut + after,
-            target=TargetSettings(slots=8, service_time=0.1, seed=seed),
+            target=TargetSettings(slots=8, service_time=0.1, seed=seed, concurrency=True),
             policies=("no-retry", "naive", "askonce"), edge_attempts=4, edge_timeout=1.0,
             trigger=Trigger(before, cut, 0.2), window=1.0 if q else 5.0,
             note=f"8 workers x 100 ms = 80/s; open load 64/s; capacity cut to 20% for {cut:g} s; "

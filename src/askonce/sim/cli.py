@@ -127,6 +127,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--grace", type=float,
                    help="askonce: each layer's deadline_grace, seconds "
                         "(default 0: timed-out tries are not retried)")
+    k.add_argument("--no-concurrency", action="store_true",
+                   help="askonce: no adaptive concurrency limit at the target")
     k.add_argument("--per-client", action="store_true",
                    help="askonce: a bucket, breaker and admission controller per client instead "
                         "of one for the fleet")
@@ -171,6 +173,8 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
         changes["grace"] = args.grace
     if args.per_client:
         changes["shared"] = False
+    if args.no_concurrency:
+        changes["concurrency"] = None
     return dataclasses.replace(base, **changes)
 
 

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from askonce._loop import Tried
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.core.question import Account, Tab
 from askonce.core.retry import LOST, Failure
 from askonce.core.wire import MAX_BUDGET, Reply
@@ -99,7 +100,11 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
                                   backoff=Backoff(layer.backoff_base,
                                                   max(layer.backoff_cap, layer.backoff_base)),
                                   shared=True, join=scenario.join))  # fmt: skip
-    return dataclasses.replace(chosen, grace=scenario.grace) if chosen.propagate else chosen
+    if not chosen.propagate:
+        return chosen
+    # The demo's target keeps a concurrency limit only where its settings say so.
+    return dataclasses.replace(chosen, grace=scenario.grace, concurrency=(
+        ConcurrencyPolicy() if scenario.target.concurrency else None))
 
 
 def world_for(scenario: Scenario, *, latency: float = HOP_LATENCY) -> World:

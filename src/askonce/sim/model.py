@@ -29,6 +29,7 @@ from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
 from askonce.core.admission import Admission
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
+from askonce.core.concurrency import Limiter
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
 from askonce.core.retry import ANSWERED, LOST, Attempt, Failure, RetryPolicy, RetryState
@@ -69,8 +70,9 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent", "path",
-                 "rejoin", "remaining", "reply", "sent", "started", "state", "tab")  # fmt: skip
+    __slots__ = ("arrived", "asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent",
+                 "path", "rejoin", "remaining", "reply", "sent", "started", "state", "tab",
+                 "waiting")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
@@ -79,6 +81,7 @@ class Call:
     sent: float  # when this hop sent its outstanding attempt
     deadline: float | None  # at the target: the propagated deadline on its clock
     started: float  # at the target: when the work began
+    arrived: float  # at the target, under a concurrency limit: when its slot was taken
 
     def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None) -> None:
         self.asked = asked
@@ -91,6 +94,7 @@ class Call:
         self.reply: Reply | None = None
         self.ok = False
         self.rejoin = False  # a re-attach: joined, or refused, never run
+        self.waiting = False  # at the target, under a concurrency limit: in the queue
 
 
 class Run:
@@ -158,6 +162,10 @@ class Sim:
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
         self._edge_rejoins = self._join and policy.edge_rejoins
+        # The target's concurrency limit, as the server middleware keeps it: the core Limiter.
+        self.limiter = (Limiter(policy.concurrency) if policy.concurrency is not None
+                        and policy.propagate and not world.contention else None)
+        self._on_expire = self.on_expire
 
     def _build(self) -> list[Layer]:
         w, p = self.world, self.policy
@@ -208,7 +216,7 @@ class Sim:
         client = n % w.clients if w.even else int(rng.random() * w.clients)
         key = mint_key(int(now * 1000), rng.randbytes(16))
         q = Asked(key, client, now, now + w.deadline)
-        self.stats.issued += 1
+        self.stats.issue(now)
         if p.propagate:
             tab = Tab(key, "client", True, Account(p.budget), now + w.deadline)
         else:
@@ -434,7 +442,20 @@ class Sim:
             job.deadline = None
         if self.policy.shed and job.deadline is not None and now >= job.deadline:
             self._target_answer(job, False, True, now)
-        elif self.world.contention:
+            return
+        limiter = self.limiter
+        if limiter is not None:
+            if not limiter.try_acquire(now):
+                # Over the limit: answered at once, do not retry, with the policy's pushback.
+                self.stats.overloaded += 1
+                job.ok, job.reply = False, Reply(job.budget, True, "overloaded",
+                                                 limiter.policy.pushback)
+                self.engine.at(now + self.world.latency, self._on_reply, job)
+                if self._join:
+                    self._ran("target", job, now)
+                return
+            job.arrived = now
+        if self.world.contention:
             if now < self.free_at:  # optimistic concurrency: a conflict is known at once
                 self._target_answer(job, False, False, now)
                 return
@@ -450,10 +471,30 @@ class Sim:
             self._start(job, now)
         else:
             self.queue.append(job)
+            if limiter is not None and self.policy.shed and job.deadline is not None:
+                # The middleware cancels a request at its deadline wherever it waits in the app:
+                # its slot is free then, not when the queue reaches it.
+                job.waiting = True
+                self.engine.at(job.deadline, self._on_expire, job)
+
+    def on_expire(self, job: Call) -> None:
+        """A queued request's deadline passed (a concurrency limit only): cancelled, slot freed."""
+        if job.waiting:  # still queued: the queue is at most the limit long
+            job.waiting = False
+            self.queue.remove(job)
+            now = self.engine.now
+            self._release(job, False, now)
+            self._target_answer(job, False, True, now)
+
+    def _release(self, job: Call, ok: bool, now: float) -> None:
+        if self.limiter is not None:
+            self.limiter.release(now, now - job.arrived, ok)
 
     def _start(self, job: Call, now: float) -> None:
         w, deadline = self.world, job.deadline
+        job.waiting = False
         if self.policy.shed and deadline is not None and now >= deadline:
+            self._release(job, False, now)
             self._target_answer(job, False, True, now)  # refused before work: its caller has gone
             return
         self.busy += 1
@@ -483,6 +524,7 @@ class Sim:
         parent = job.parent
         run = self._runs.get(("target", job.asked.key)) if self._join else None
         joined = run is not None and run.call is job and bool(run.waiters)
+        ok = job.ok and job.reply is None  # neither failed nor cancelled at its deadline
         if parent is not None and parent.out is not job and not joined:
             self.stats.wasted += work
         if job.reply is not None:  # cancelled at its deadline
@@ -492,6 +534,7 @@ class Sim:
                 self._ran("target", job, now)
         else:
             self._target_answer(job, job.ok, False, now)
+        self._release(job, ok, now)
         if self.world.servers is not None:
             self.busy -= 1
             queue = self.queue

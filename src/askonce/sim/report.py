@@ -65,6 +65,9 @@ COLUMNS: dict[str, list[Column]] = {
         _POLICY, *_A, _SUCCESS,
         ("wasted", 7, lambda r: _pct(r.wasted_fraction, 0)),
         ("recovery", 9, _recovery),
+        ("in cut", 7, lambda r: _pct(r.cut_goodput, 0)),
+        ("per asked", 10, lambda r: "-" if r.recovered is None else
+         "never" if r.recovery_asked_s is None else f"{r.recovery_asked_s:.1f} s"),
     ],
     "slow": [
         ("slow", 5, lambda r: _pct(r.params["slow_share"], 0)),
@@ -87,7 +90,9 @@ TITLES = {
     "transient": "E2 transient errors: success within the deadline and A",
     "clients": "E5 client count (same total load, full outage): A; "
                "load = arrivals per question asked",
-    "overload": "E3 overload: capacity cut for T s; recovery = until 5 s goodput is back to 90 %",
+    "overload": "E3 overload: capacity cut for T s; recovery = until 5 s goodput is back to 90 % "
+                "(per asked: goodput per question asked); in cut = goodput during the cut / what "
+                "the reduced capacity could answer",
     "slow": "E11 a slow tail longer than every timeout: success, A, and the target's work wasted",
     "jitter": "E6 synchronised retries: calls and time until every client has written",
 }

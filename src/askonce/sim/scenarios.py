@@ -31,6 +31,7 @@ from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.sim.model import Sim
 from askonce.sim.world import Policy, Stats, World
 
@@ -61,6 +62,8 @@ class Knobs:
     shared: bool = True
     grace: float = 0.0  # askonce: ClientPolicy.deadline_grace of every layer
     join: bool = False  # askonce: every layer and the target join (asgi_join, wsgi_join)
+    # askonce: the target's adaptive concurrency limit (None: off)
+    concurrency: ConcurrencyPolicy | None = field(default_factory=ConcurrencyPolicy)
 
 
 def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
@@ -82,7 +85,7 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
                       bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
                       breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
                       grace=k.grace, join=k.join or name == "askonce-join",
-                      edge_rejoins=name == "askonce-join")
+                      edge_rejoins=name == "askonce-join", concurrency=k.concurrency)
     raise ValueError(f"unknown policy {name!r}; "
                      f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
 
@@ -117,6 +120,9 @@ class Row:
     unfinished: int
     events: int
     goodput: tuple[float, ...] = ()  # successes per second, for the scenarios that plot it
+    # overload: successes during the cut over what the reduced capacity could answer in it
+    cut_goodput: float | None = None
+    recovery_asked_s: float | None = None  # recovery_s of goodput per question asked (None: never)
     wall_s: float = field(default=0.0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -133,7 +139,9 @@ class Row:
             "ledger": {"amplification": self.ledger_amplification,
                        "approximate": self.ledger_approximate},
             "unfinished": self.unfinished, "events": self.events,
-            "goodput_per_s": list(self.goodput), "wall_s": self.wall_s,
+            "goodput_per_s": list(self.goodput), "cut_goodput": self.cut_goodput,
+            "recovery_asked_s": self.recovery_asked_s,
+            "wall_s": self.wall_s,
         }  # fmt: skip
 
 
@@ -156,25 +164,31 @@ def _mean(hist: Mapping[int, int]) -> float | None:
 
 
 def recovery(bins: Sequence[int], bin_s: float, trigger: tuple[float, float], horizon: float,
-             window: float = 5.0, warm: float = 5.0, share: float = 0.9) -> float | None:
+             window: float = 5.0, warm: float = 5.0, share: float = 0.9,
+             asked: Sequence[int] | None = None) -> float | None:
     """Seconds after the trigger ends until goodput over the next ``window`` seconds is back to
     ``share`` of its mean over ``[warm, trigger start)``; ``None`` if that never happens before
-    ``horizon``."""
+    ``horizon``. ``asked``: questions asked per bin; then goodput is taken per question asked in
+    the same seconds (as the demo measures it), so that the load's own noise does not decide."""
     start, end = trigger
     per = round(1 / bin_s)
     lo, hi = round(warm * per), round(start * per)
     if hi <= lo:
         raise ValueError("the trigger must start after the warm-up")
-    padded = list(bins) + [0] * max(0, round(horizon * per) - len(bins))
-    before = sum(padded[lo:hi]) / (hi - lo)  # successes per bin
-    need, width = share * before * window * per, round(window * per)
-    first, last = math.ceil(end * per - 1e-9), round(horizon * per) - width
-    total = sum(padded[first:first + width])
+    size = round(horizon * per)
+    padded = list(bins) + [0] * max(0, size - len(bins))
+    load = [1] * len(padded) if asked is None else list(asked) + [0] * max(0, size - len(asked))
+    before = sum(padded[lo:hi]) / max(1, sum(load[lo:hi]))  # successes per bin (per question)
+    width = round(window * per)
+    first, last = math.ceil(end * per - 1e-9), size - width
+    total, n = sum(padded[first:first + width]), sum(load[first:first + width])
     for k in range(first, last + 1):
-        if total >= need:
+        if total >= share * before * n:
             return round(k / per - end, 6)
         if k + width < len(padded):
             total += padded[k + width] - padded[k]
+        if k + width < len(load):
+            n += load[k + width] - load[k]
     return None
 
 
@@ -183,15 +197,25 @@ def summarise(scenario: str, policy: str, params: Mapping[str, Any], sim: Sim, w
     st: Stats = sim.stats
     reached = {k: v for k, v in st.hist.items() if k > 0}
     steady = {k: v for k, v in st.steady.items() if k > 0}
-    rec: float | None = None
+    rec = rec_asked = None
     recovered: bool | None = None
     if trigger is not None and sim.world.horizon is not None:
         rec = recovery(st.goodput_bins, st.bin, trigger, sim.world.horizon)
         recovered = rec is not None
+        if st.issued_bins:
+            rec_asked = recovery(st.goodput_bins, st.bin, trigger, sim.world.horizon,
+                                 asked=st.issued_bins)
     per_s = round(1 / st.bin) if st.bin < 1 else 1
     series = tuple(sum(st.goodput_bins[i:i + per_s]) / (per_s * st.bin)
                    for i in range(0, len(st.goodput_bins), per_s))
     totals = sim.ledger.report(sim.engine.now).totals()
+    w = sim.world
+    cut_goodput = None
+    if trigger is not None and w.cut is not None and w.servers is not None and w.service > 0:
+        start, end, factor = w.cut
+        lo, hi = round(start / st.bin), round(end / st.bin)
+        could = min(w.rate, w.servers / w.service * factor) * (end - start)
+        cut_goodput = sum(st.goodput_bins[lo:hi]) / could if could > 0 else None
     return Row(
         scenario=scenario, policy=policy, params=dict(params), questions=st.issued,
         reached=sum(reached.values()), arrivals=st.arrivals, mean=_mean(reached),
@@ -203,6 +227,7 @@ def summarise(scenario: str, policy: str, params: Mapping[str, Any], sim: Sim, w
         recovery_s=rec, recovered=recovered, completion_s=st.last_ok if st.ok else None,
         ledger_amplification=totals.amplification, ledger_approximate=totals.approximate,
         unfinished=st.unfinished, events=sim.engine.events, goodput=series if goodput else (),
+        cut_goodput=cut_goodput, recovery_asked_s=rec_asked,
         wall_s=round(wall, 3),
     )  # fmt: skip
 

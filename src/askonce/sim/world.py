@@ -13,6 +13,7 @@ from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.core.wire import MAX_ATTEMPT, MAX_BUDGET, MAX_HOPS, Limits, valid_name
 
 
@@ -31,6 +32,8 @@ class Policy:
     admission: AdmissionPolicy | None = None  # adaptive admission on the layer nearest the target
     shared: bool = False  # layer 1's bucket and breaker shared by every client (fleet-wide store)
     shed: bool = False  # the target refuses, and cancels, work past the propagated deadline
+    # with propagate: the target's adaptive concurrency limit (refusing 503 r=overloaded over it)
+    concurrency: ConcurrencyPolicy | None = None
     grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)
     join: bool = False  # layers and target join a repeated question; timed-out tries re-attach
     edge_rejoins: bool = False  # with join: layer 1 (the client) re-attaches too
@@ -118,13 +121,14 @@ class Stats:
     """Raw counts of one run; ``scenarios.summarise`` turns them into figures."""
 
     __slots__ = ("answered", "arrival_bins", "arrivals", "bin", "busy", "goodput_bins", "hist",
-                 "issued", "last_ok", "latency_ms", "ok", "settle", "shed", "steady", "trace",
-                 "unfinished", "wasted")  # fmt: skip
+                 "issued", "issued_bins", "last_ok", "latency_ms", "ok", "overloaded", "settle",
+                 "shed", "steady", "trace", "unfinished", "wasted")  # fmt: skip
 
     def __init__(self, world: World) -> None:
         self.bin = world.bin
         self.settle = world.settle
         self.issued = self.answered = self.ok = self.arrivals = self.shed = self.unfinished = 0
+        self.overloaded = 0  # arrivals the target's concurrency limit refused
         self.last_ok = 0.0  # when the last success within the deadline came back
         # Seconds of target work, and of work for callers who had gone.
         self.busy = self.wasted = 0.0
@@ -133,6 +137,7 @@ class Stats:
         self.latency_ms: dict[int, int] = {}  # successes by whole milliseconds
         self.goodput_bins: list[int] = []  # successes within the deadline, by completion time
         self.arrival_bins: list[int] = []
+        self.issued_bins: list[int] = []  # questions asked, by when (``issue``)
         # (minted at, arrivals) per question, if asked for.
         self.trace: list[tuple[float, int]] | None = None
 
@@ -141,6 +146,10 @@ class Stats:
         if i >= len(bins):
             bins.extend([0] * (i + 1 - len(bins)))
         bins[i] += 1
+
+    def issue(self, now: float) -> None:
+        self.issued += 1
+        self._bump(self.issued_bins, int(now / self.bin))
 
     def arrival(self, now: float) -> None:
         self.arrivals += 1
