@@ -7,7 +7,8 @@ unless the failure mode says otherwise (see :class:`~askonce.demo.params.TargetS
 arrival is counted before anything else, per question id: the ``x-question-id`` header in naive
 mode, the askonce key in askonce mode, where
 :class:`~askonce.integrations.asgi.AskonceASGIMiddleware` also feeds the real ledger (coverage) and
-sheds and cancels work past its deadline. Like any uvicorn app in naive mode, a request whose
+sheds and cancels work past its deadline, and, where the settings ask for it (the overload),
+keeps an adaptive concurrency limit, refusing what is over it 503 ``r=overloaded``. Like any uvicorn app in naive mode, a request whose
 caller has gone is worked on to the end. Each piece of work is logged (question id, when it ended,
 how long), so the runner can tell which work answered a question and which was wasted.
 
@@ -32,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import askonce
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.core.ledger import LedgerPolicy
 from askonce.demo import child
 from askonce.demo.params import TargetSettings, capacity_factor, draw, from_json
@@ -124,7 +126,9 @@ class Target:
 
                 self.ledger = MemoryLedger(policy)
             work: Any = JoinASGIMiddleware(self.work_app) if s.join else self.work_app
-            self.askonce_app = AskonceASGIMiddleware(work, layer="target", ledger=self.ledger)
+            self.askonce_app = AskonceASGIMiddleware(
+                work, layer="target", ledger=self.ledger,
+                concurrency=ConcurrencyPolicy() if s.concurrency else None)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

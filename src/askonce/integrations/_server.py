@@ -8,7 +8,11 @@ The ASGI, WSGI (and gRPC) middlewares only move bytes; this module decides. For 
 2. the ledger, if one is wired, records the arrival (wall-clock seconds, the operation's route
    template, the principal); over the cap, the request is answered 429 with ``dnr`` reason ``cap``;
 3. a propagated deadline that has already passed is answered 503 with ``dnr`` reason ``deadline``;
-4. otherwise the app runs; its response carries ``askonce-reply`` (what is left of the budget), and
+4. with a ``concurrency`` policy, a request over the adaptive limit (``core.concurrency``) is
+   answered 503 at once with ``dnr`` reason ``overloaded``, the policy's pushback and
+   ``Retry-After``; the shell calls :meth:`Server.done` when a request that got a slot ends, with
+   whether it went well, and the time it took is the limiter's latency sample;
+5. otherwise the app runs; its response carries ``askonce-reply`` (what is left of the budget), and
    a give-up that escapes it (``askonce.GaveUp``, or any exception carrying ``askonce_reply``) is
    answered 503 with the reply and ``Retry-After`` from the pushback.
 
@@ -37,6 +41,7 @@ from askonce._context import FRAME
 from askonce._replies import RECORD as _give_ups  # the context variable of replies()
 from askonce._replies import Record, recording
 from askonce.core import is_int, is_real, wire
+from askonce.core.concurrency import ConcurrencyPolicy, Limiter
 from askonce.core.naming import MAX_OPERATION_CHARS
 from askonce.core.question import Frame, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
@@ -87,7 +92,9 @@ class ServerOptions:
     ``deadline`` when it sent none), its path restarted (counted ``server.untrusted``); at an
     originator its edge flag and signature are this layer's, elsewhere the edge flag is kept
     only with a signature (which a ledger with ``edge_secret`` verifies). A ``trust`` callable
-    that raises means untrusted (counted ``server.trust.error``).
+    that raises means untrusted (counted ``server.trust.error``). ``concurrency``: an adaptive
+    limit on the requests in the app (off by default: what it refuses is a 503 the service did
+    not give before, and its headroom is best set knowing the service's workers).
     """
 
     layer: str
@@ -101,6 +108,7 @@ class ServerOptions:
     shed_deadline: bool = True
     edge_secret: Secret | Sequence[Secret] | None = None
     trust: bool | Callable[[Any], bool] | None = None
+    concurrency: ConcurrencyPolicy | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not wire.valid_name(self.layer):
@@ -120,6 +128,9 @@ class ServerOptions:
         if self.ledger is not None and not callable(getattr(self.ledger, "record", None)):
             raise ValueError("ledger must have a record(now, operation, *, key, ...) method "
                              "(askonce Ledger)")
+        if self.concurrency is not None and not isinstance(self.concurrency, ConcurrencyPolicy):
+            raise ValueError("concurrency must be an askonce.core.concurrency.ConcurrencyPolicy or "
+                             f"None, got {self.concurrency!r}")
         if self.trust is not None and not isinstance(self.trust, bool) and not callable(self.trust):
             raise ValueError(f"trust must be True, False, None or a callable taking the request, "
                              f"got {self.trust!r}")
@@ -197,7 +208,7 @@ class Arrival(Record):
     """
 
     __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joins", "malformed",
-                 "serving")
+                 "serving", "slot")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -210,6 +221,7 @@ class Arrival(Record):
         self._noted: BaseException | None = None
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
         self.detached = False  # others may join this run: a disconnect does not cancel it
+        self.slot: float | None = None  # when it took a slot of the concurrency limit
 
     @property
     def noted(self) -> BaseException | None:
@@ -283,13 +295,16 @@ class _Values:
 class Server:
     """The framework-free half of a server middleware; see the module docstring."""
 
-    __slots__ = ("_lock", "_mint_secret", "_verify", "options")
+    __slots__ = ("_limiter", "_limiter_lock", "_lock", "_mint_secret", "_verify", "options")
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         ledger = options.ledger
         self._lock = (None if ledger is None or getattr(ledger, "thread_safe", False) is True
                       else LEDGER_LOCK)
+        # One limiter per middleware; threads (WSGI) and event loops share it under the lock.
+        self._limiter = None if options.concurrency is None else Limiter(options.concurrency)
+        self._limiter_lock = threading.Lock()
         secret = options.edge_secret
         self._mint_secret: Secret | None = None
         self._verify: Callable[[str, bytes | None], bool] | None = None
@@ -345,10 +360,43 @@ class Server:
                   and arrival.deadline <= _stats.monotonic()):
                 _stats.count("server.shed.deadline")
                 arrival.answer = self.deadline_answer(arrival)
+            elif self._limiter is not None:
+                self._acquire(arrival)
         except BaseException:
             self.close(arrival)
             raise
         return arrival
+
+    def _acquire(self, arrival: Arrival) -> None:
+        limiter = self._limiter
+        assert limiter is not None
+        now = _stats.monotonic()
+        with self._limiter_lock:
+            taken = limiter.try_acquire(now)
+        if taken:
+            arrival.slot = now
+            return
+        _stats.count("server.shed.overloaded")
+        pushback = limiter.policy.pushback
+        ms = wire.to_ms(pushback, up=True)
+        arrival.answer = Answer(503, Reply(arrival.serving.tab.account.left, True, "overloaded",
+                                           ms / 1000), -(-ms // 1000))
+
+    def done(self, arrival: Arrival, ok: bool) -> None:
+        """A request that took a slot of the concurrency limit has ended (once; later calls do
+        nothing). ``ok``: it answered below 500, without an error or a cancellation."""
+        start = arrival.slot
+        if start is None or self._limiter is None:
+            return
+        arrival.slot = None
+        now = _stats.monotonic()
+        with self._limiter_lock:
+            self._limiter.release(now, now - start, ok)
+
+    @property
+    def limiter(self) -> Limiter | None:
+        """The concurrency limit's state (read it under no lock: a snapshot for metrics)."""
+        return self._limiter
 
     def _trusted(self, request: Any) -> bool:
         trust = self.options.trust

@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from askonce import _stats
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.core.naming import method_name, path_template
 from askonce.core.wire import Limits
 from askonce.integrations._server import (
@@ -69,7 +70,8 @@ from askonce.integrations._server import (
     note_failure,
 )
 
-__all__ = ["LEDGER_LOCK", "AskonceASGIMiddleware", "note_failure", "route_operations"]
+__all__ = ["LEDGER_LOCK", "AskonceASGIMiddleware", "ConcurrencyPolicy", "note_failure",
+           "route_operations"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,7 +100,9 @@ class AskonceASGIMiddleware:
     ``edge_secret``: the originators' secret (or several, newest first): with a ledger, an edge key
     whose signature does not verify is recorded as not attributable (origin ``"~unsigned"``); an
     originator signs what it mints. ``trust``: whether an arriving question is believed as sent
-    (default: yes, unless ``originator``; see ``ServerOptions``).
+    (default: yes, unless ``originator``; see ``ServerOptions``). ``concurrency``: an adaptive limit
+    on the requests in the app (``ConcurrencyPolicy``; off by default); over it, 503 at once with
+    ``dnr`` reason ``overloaded`` and ``Retry-After``.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class AskonceASGIMiddleware:
         cancel_on_disconnect: bool = True,
         edge_secret: Secret | Sequence[Secret] | None = None,
         trust: bool | Callable[[Any], bool] | None = None,
+        concurrency: ConcurrencyPolicy | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be an ASGI application, got {app!r}")
@@ -127,7 +132,7 @@ class AskonceASGIMiddleware:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
             ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
-            edge_secret=edge_secret, trust=trust,
+            edge_secret=edge_secret, trust=trust, concurrency=concurrency,
         ))  # fmt: skip
         self.cancel_on_disconnect = cancel_on_disconnect
         self._timed = shed_deadline or cancel_on_disconnect
@@ -147,6 +152,7 @@ class AskonceASGIMiddleware:
                 expect = True
         server = self.server
         arrival = server.open(values, scope, self.route)
+        ex = None
         try:
             if arrival.answer is not None:
                 await _send_answer(send, arrival.answer)
@@ -179,6 +185,8 @@ class AskonceASGIMiddleware:
                 # the app swallowed the cancellation and returned without answering: answer for it
                 await _send_answer(send, server.deadline_answer(arrival))
         finally:
+            if arrival.slot is not None:  # a slot of the concurrency limit: the latency sample
+                server.done(arrival, ex is not None and ex.went_well())
             server.close(arrival)
 
     def sweep(self, loop: asyncio.AbstractEventLoop) -> _Sweep:
@@ -313,6 +321,7 @@ class _Exchange:
     """
 
     started = completed = running = gone = only_ours = False
+    status = 0  # the status the app started its response with
     reading = deferred = False
     reason: str | None = None
     replaced: Answer | None = None
@@ -380,6 +389,10 @@ class _Exchange:
                 self.only_ours = self.task.uncancel() == 0
         return self.only_ours
 
+    def went_well(self) -> bool:
+        """The app answered on its own, below 500, and nobody cancelled it."""
+        return self.reason is None and self.replaced is None and 0 < self.status < 500
+
     def cancel(self, reason: str) -> None:
         if not self.running or self.reason is not None or self.completed or self.task is None:
             return
@@ -398,7 +411,8 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             arrival = self.arrival
-            if int(message.get("status", 200)) >= 500 and arrival.noted is not None:
+            self.status = status = int(message.get("status", 200))
+            if status >= 500 and arrival.noted is not None:
                 answer = self.mw.server.failure(arrival, arrival.noted)
                 if answer is not None:
                     self.replaced = answer

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from askonce import _stats
+from askonce.core.concurrency import ConcurrencyPolicy
 from askonce.core.naming import method_name, path_template
 from askonce.core.wire import REPLY_HEADER, Limits
 from askonce.integrations._server import (
@@ -41,7 +42,8 @@ from askonce.integrations._server import (
     note_failure,
 )
 
-__all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "note_failure", "route_operations"]
+__all__ = ["LEDGER_LOCK", "AskonceWSGIMiddleware", "ConcurrencyPolicy", "note_failure",
+           "route_operations"]
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
@@ -55,7 +57,10 @@ class AskonceWSGIMiddleware:
     Options as :class:`askonce.integrations.asgi.AskonceASGIMiddleware` (``edge_secret`` included),
     with ``principal`` and ``operation`` called on the WSGI environ. The default operation is the
     method and the Flask rule (``"GET /items/<int:item_id>"``) when the app is a Flask app, else the
-    method and the path with id-like segments replaced by ``{id}``.
+    method and the path with id-like segments replaced by ``{id}``. ``concurrency``: the requests
+    counted against the limit are those in the app (the server's thread pool is the queue in front
+    of it; one whose deadline passed while it waited for a thread is refused before the limit), each
+    from the app call until its body is closed (or read to the end).
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class AskonceWSGIMiddleware:
         shed_deadline: bool = True,
         edge_secret: Secret | Sequence[Secret] | None = None,
         trust: bool | Callable[[Any], bool] | None = None,
+        concurrency: ConcurrencyPolicy | None = None,
     ) -> None:
         if not callable(app):
             raise ValueError(f"app must be a WSGI application, got {app!r}")
@@ -80,7 +86,7 @@ class AskonceWSGIMiddleware:
         self.server = Server(ServerOptions(
             layer=layer, originator=originator, limits=limits, budget=budget, deadline=deadline,
             ledger=ledger, principal=principal, operation=operation, shed_deadline=shed_deadline,
-            edge_secret=edge_secret, trust=trust,
+            edge_secret=edge_secret, trust=trust, concurrency=concurrency,
         ))  # fmt: skip
         self._flask = _flask_of(app)
         if self._flask is not None:
@@ -100,7 +106,10 @@ class AskonceWSGIMiddleware:
         exchange = _Exchange(self.server, arrival, start_response)
         try:
             body = self.app(environ, exchange.start_response)
-        except Exception as exc:
+        except BaseException as exc:
+            exchange.end(False)
+            if not isinstance(exc, Exception):
+                raise
             answer = self.server.failure(arrival, exc, count=False)
             if answer is None:
                 raise
@@ -127,7 +136,7 @@ class AskonceWSGIMiddleware:
 class _Exchange:
     """The app's ``start_response``, wrapped: adds the reply, or replaces a noted failure's 5xx."""
 
-    __slots__ = ("arrival", "called", "replaced", "server", "start_response_")
+    __slots__ = ("arrival", "called", "ok", "replaced", "server", "start_response_")
 
     def __init__(self, server: Server, arrival: Arrival, start_response: StartResponse) -> None:
         self.server = server
@@ -135,11 +144,18 @@ class _Exchange:
         self.start_response_ = start_response
         self.replaced: Answer | None = None
         self.called = False
+        self.ok = False  # the app started a response below 500
+
+    def end(self, ok: bool) -> None:
+        """The request is over: its slot of the concurrency limit, if it has one, is given back."""
+        if self.arrival.slot is not None:
+            self.server.done(self.arrival, ok and self.ok and self.replaced is None)
 
     def start_response(self, status: str, headers: list[tuple[str, str]],
                        exc_info: ExcInfo | None = None) -> Callable[[bytes], object]:
         self.called = True
         arrival = self.arrival
+        self.ok = status[:1] in ("1", "2", "3", "4")
         if arrival.noted is not None and status[:1] == "5":
             answer = self.server.failure(arrival, arrival.noted, count=False)
             if answer is not None:
@@ -212,8 +228,10 @@ class _Body:
                     self._it = self._ctx.run(iter, self._inner)
                 chunk = self._ctx.run(next, self._it)
             except StopIteration:
+                exchange.end(True)
                 raise
             except Exception as exc:
+                exchange.end(False)
                 server = exchange.server
                 answer = (None if self._streamed
                           else server.failure(exchange.arrival, exc, count=False))
@@ -237,9 +255,12 @@ class _Body:
         return replaced.body
 
     def close(self) -> None:
-        close = getattr(self._inner, "close", None)
-        if close is not None:
-            self._ctx.run(close)
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                self._ctx.run(close)
+        finally:
+            self._exchange.end(True)
 
 
 class _SizedBody(_Body):
