@@ -8,9 +8,10 @@ arrival is counted before anything else, per question id: the ``x-question-id`` 
 mode, the askonce key in askonce mode, where
 :class:`~askonce.integrations.asgi.AskonceASGIMiddleware` also feeds the real ledger (coverage) and
 sheds and cancels work past its deadline, and, where the settings ask for it (the overload),
-keeps an adaptive concurrency limit, refusing what is over it 503 ``r=overloaded``. Like any uvicorn app in naive mode, a request whose
-caller has gone is worked on to the end. Each piece of work is logged (question id, when it ended,
-how long), so the runner can tell which work answered a question and which was wasted.
+keeps an adaptive concurrency limit, refusing what is over it 503 ``r=overloaded``. Like any
+uvicorn app in naive mode, a request whose caller has gone is worked on to the end. Each piece of
+work is logged (question id, when it ended, how long), so the runner can tell which work answered
+a question and which was wasted.
 
 Control: ``POST /_demo/config`` (settings; resets every count), ``POST /_demo/drain`` (answer every
 queued and new request 500, which no layer retries, so the stack unwinds between runs),
