@@ -15,11 +15,12 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 
-__all__ = ["LUA_BREAKER", "LUA_BUCKET", "BreakerReply", "breaker_args", "bucket_args",
-           "policy_digest", "target_tag"]
+__all__ = ["LUA_ADMISSION", "LUA_BREAKER", "LUA_BUCKET", "AdmissionReply", "BreakerReply",
+           "admission_args", "breaker_args", "bucket_args", "policy_digest", "target_tag"]
 
 # KEYS[1] = bucket hash. ARGV = ratio, floor, max_tokens, deposits, take (0|1), ttl_ms[, now].
 # The same arithmetic as core.bucket.TokenBucket, on the server's clock. Returns {granted, tokens}.
@@ -201,6 +202,62 @@ for i = 1, #moves do out[#out + 1] = moves[i] end
 return out
 """
 
+# KEYS[1] = admission hash: per-second buckets ('r<i>', 'c<i>', 's<i>': requests, calls, successes
+# of the second i = sec % window), the running totals 'R' 'C' 'S' over the window, the head second
+# 'hd' and the latest time 'now'. ARGV = window, min_success, max_reject, min_requests,
+# count_rejected (0|1), ttl_ms, then the deltas to add to the current second: requests, calls,
+# successes[, now]. A port of core.admission.Admission (the same roll and formula, on the server's
+# clock); returns {p, requests, calls, successes} over the window, deltas included.
+LUA_ADMISSION = """
+local w, ms, mr, mq = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local byreq, ttl = ARGV[5] == '1', tonumber(ARGV[6])
+local dr, dc, ds = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local t = redis.call('TIME')
+local now = tonumber(ARGV[10]) or tonumber(t[1]) + tonumber(t[2]) / 1000000
+local k = KEYS[1]
+-- Another writer may have left anything: keep what the core can hold.
+local function num(x)
+  local v = tonumber(x)
+  if v == nil or v ~= v or v == math.huge or v == -math.huge then return nil end
+  return v
+end
+local h = redis.call('HMGET', k, 'hd', 'now', 'R', 'C', 'S')
+local last = num(h[2])
+if last and now < last and last - now < 86400 then now = last end
+local sec = math.floor(now)
+local hd = num(h[1])
+if hd and (hd ~= math.floor(hd) or hd > sec) then hd = nil end
+local R, C, S = num(h[3]) or 0, num(h[4]) or 0, num(h[5]) or 0
+R, C, S = math.max(0, R), math.max(0, C), math.max(0, S)
+if hd == nil or sec - hd >= w then
+  redis.call('DEL', k)
+  R, C, S = 0, 0, 0
+elseif sec > hd then
+  for s = hd + 1, sec do
+    local i = s % w
+    local b = redis.call('HMGET', k, 'r' .. i, 'c' .. i, 's' .. i)
+    R, C, S = R - (num(b[1]) or 0), C - (num(b[2]) or 0), S - (num(b[3]) or 0)
+    redis.call('HDEL', k, 'r' .. i, 'c' .. i, 's' .. i)
+  end
+  R, C, S = math.max(0, R), math.max(0, C), math.max(0, S)
+end
+local i = sec % w
+if dr > 0 then redis.call('HINCRBY', k, 'r' .. i, dr) end
+if dc > 0 then redis.call('HINCRBY', k, 'c' .. i, dc) end
+if ds > 0 then redis.call('HINCRBY', k, 's' .. i, ds) end
+R, C, S = R + dr, C + dc, S + ds
+redis.call('HSET', k, 'hd', sec, 'now', string.format('%.6f', now), 'R', R, 'C', C, 'S', S)
+redis.call('PEXPIRE', k, ttl)
+local p = 0
+if R >= mq then
+  local n = C
+  if byreq then n = R end
+  p = (n - S / ms) / (n + 1)
+  if p <= 0 then p = 0 elseif p > mr then p = mr end
+end
+return {string.format('%.17g', p), R, C, S}
+"""
+
 _STATES = (State.CLOSED, State.OPEN, State.HALF_OPEN)
 _MAX_TARGET = 120
 
@@ -215,7 +272,7 @@ def target_tag(prefix: str, target: str) -> str:
     return f"{{{prefix}:{target}}}"
 
 
-def policy_digest(policy: BucketPolicy | BreakerPolicy) -> str:
+def policy_digest(policy: BucketPolicy | BreakerPolicy | AdmissionPolicy) -> str:
     return hashlib.sha1(repr(policy).encode()).hexdigest()[:10]
 
 
@@ -233,6 +290,26 @@ def breaker_args(policy: BreakerPolicy, ttl: float) -> list[str]:
     return [policy.window, str(policy.window_size), str(policy.minimum_calls),
             repr(float(policy.failure_rate)), repr(float(policy.slow_call_rate)), repr(slow),
             repr(float(policy.open_for)), str(policy.half_open_probes), str(ttl_ms)]
+
+
+def admission_args(policy: AdmissionPolicy, ttl: float) -> list[str]:
+    """The admission script's policy arguments; the three deltas are added per call."""
+    ttl_ms = int(1000 * max(ttl, 2 * policy.window))  # a quiet fleet must not forget its window
+    return [str(policy.window), repr(float(policy.min_success)), repr(float(policy.max_reject)),
+            str(policy.min_requests), "1" if policy.count_rejected else "0", str(ttl_ms)]
+
+
+class AdmissionReply:
+    """An admission script's answer: the fleet's reject probability and window counters."""
+
+    __slots__ = ("calls", "p", "requests", "successes")
+
+    def __init__(self, raw: Sequence[Any]) -> None:
+        p = float(text(raw[0]))
+        if not 0 <= p < 1:  # a reply that does not read is Redis' failure (the caller falls back)
+            raise ValueError(f"admission script answered p={p!r}")
+        self.p = p
+        self.requests, self.calls, self.successes = int(raw[1]), int(raw[2]), int(raw[3])
 
 
 def text(value: Any) -> str:

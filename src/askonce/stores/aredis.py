@@ -8,7 +8,8 @@ answers. A cancelled caller is never swallowed: only ``Exception`` is turned int
 
 ``deposit()`` stays synchronous (it is on the first-attempt path and must not await): deposits are
 counted locally and sent with the next ``withdraw``, or by a background task once ``deposit_batch``
-of them have piled up while a loop is running.
+of them have piled up while a loop is running. Admission handles sync with the fleet in such
+background tasks too (their ``admit`` is synchronous: ``stores._redis_admission``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from askonce import _stats
+from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
-from askonce.stores._redis_lua import LUA_BREAKER, LUA_BUCKET, BreakerReply, text
+from askonce.stores._redis_admission import AsyncRedisAdmissionHandle
+from askonce.stores._redis_lua import LUA_ADMISSION, LUA_BREAKER, LUA_BUCKET, BreakerReply, text
 from askonce.stores.redis import BreakerBase, BucketBase, StoreBase, no_retry, warn_if_retrying
 
-__all__ = ["AsyncRedisBreakerHandle", "AsyncRedisBucketHandle", "AsyncRedisStore"]
+__all__ = ["AsyncRedisAdmissionHandle", "AsyncRedisBreakerHandle", "AsyncRedisBucketHandle",
+           "AsyncRedisStore"]
 
 
 class AsyncRedisBucketHandle(BucketBase):
@@ -135,9 +139,10 @@ class AsyncRedisStore(StoreBase):
     def __init__(self, client_or_url: str | aioredis.Redis, *, prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
-                 max_targets: int = 4096) -> None:
+                 max_targets: int = 4096, admission_refresh: float = 0.1) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
-                         deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)
+                         deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
+                         admission_refresh=admission_refresh)
         if isinstance(client_or_url, str):
             client_or_url = aioredis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
                                                     socket_connect_timeout=op_timeout,
@@ -147,6 +152,7 @@ class AsyncRedisStore(StoreBase):
         self.client = client_or_url
         self.bucket_script = client_or_url.register_script(LUA_BUCKET)
         self.breaker_script = client_or_url.register_script(LUA_BREAKER)
+        self.admission_script = client_or_url.register_script(LUA_ADMISSION)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def run(self, call: Awaitable[Any]) -> Any:
@@ -168,6 +174,13 @@ class AsyncRedisStore(StoreBase):
     def breaker(self, target: str, policy: BreakerPolicy) -> AsyncRedisBreakerHandle:
         handle: AsyncRedisBreakerHandle = self._handle(
             "breaker", target, policy, lambda: AsyncRedisBreakerHandle(self, target, policy))
+        return handle
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> AsyncRedisAdmissionHandle:
+        """The target's adaptive admission, shared by the fleet; it syncs in background tasks
+        (``stores._redis_admission``)."""
+        handle: AsyncRedisAdmissionHandle = self._handle(
+            "admission", target, policy, lambda: AsyncRedisAdmissionHandle(self, target, policy))
         return handle
 
     async def aclose(self) -> None:

@@ -49,8 +49,9 @@ class BreakerHandle(Protocol):
 
 class AdmissionHandle(Protocol):
     """One target's adaptive admission (``core.admission``), called in place by the loop: in memory
-    and cheap, so synchronous in the async shells too. Every store's handle is process-local for
-    now (the Redis stores' too: each process judges on its own calls)."""
+    and cheap, so synchronous in the async shells too. The memory store's is process-local; the
+    Redis stores' is shared by the fleet and syncs with it every ``admission_refresh`` seconds,
+    deciding locally in between."""
 
     def admit(self, now: float, u: float) -> bool:
         """Count an attempt and decide it (refused when the draw ``u`` in [0, 1) says so)."""

@@ -32,8 +32,10 @@ the fleet's breaker half-open for ever, so when every probe slot is taken and no
 for ``open_for`` seconds since the last probe was let through, the slots are handed out afresh
 (counted as ``breaker.probe-lease-expired``).
 
-Adaptive admission (``admission()``, ``core.admission``) is shared by the fleet: not yet; each
-process judges on its own calls. Both Redis stores hand out their local memory store's handle.
+Adaptive admission (``admission()``, ``core.admission``) is shared by the fleet too: per-second
+counters of requests, calls and successes per target in one hash (``LUA_ADMISSION``), synced every
+``admission_refresh`` seconds and decided locally in between, so that an admission decision costs
+no round trip on its fast path; see ``stores._redis_admission``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ from askonce.core import is_int, is_real
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
+from askonce.stores._redis_admission import RedisAdmissionHandle
 from askonce.stores._redis_lua import (
+    LUA_ADMISSION,
     LUA_BREAKER,
     LUA_BUCKET,
     BreakerReply,
@@ -65,12 +69,11 @@ from askonce.stores._redis_lua import (
     target_tag,
     text,
 )
-from askonce.stores.memory import AdmissionHandle as MemoryAdmissionHandle
 from askonce.stores.memory import BreakerHandle as MemoryBreakerHandle
 from askonce.stores.memory import BucketHandle as MemoryBucketHandle
 from askonce.stores.memory import Listener, MemoryStore, notify
 
-__all__ = ["RedisBreakerHandle", "RedisBucketHandle", "RedisStore"]
+__all__ = ["RedisAdmissionHandle", "RedisBreakerHandle", "RedisBucketHandle", "RedisStore"]
 
 log = logging.getLogger("askonce.stores.redis")
 
@@ -124,18 +127,22 @@ class Health:
 
 
 def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float,
-                  deposit_batch: int) -> None:
+                  deposit_batch: int, admission_refresh: float = 0.1) -> None:
     if (not isinstance(prefix, str) or not prefix or not prefix.isprintable()
             or any(c in prefix for c in "{}")):
         raise ValueError("prefix must be a non-empty printable name without braces, "
                          f"got {prefix!r}")
-    for name, value in (("op_timeout", op_timeout), ("retry_after", retry_after), ("ttl", ttl)):
+    for name, value in (("op_timeout", op_timeout), ("retry_after", retry_after), ("ttl", ttl),
+                        ("admission_refresh", admission_refresh)):
         if not is_real(value):
             raise ValueError(f"{name} must be seconds (an int or a float), got {value!r}")
     if not 0 < op_timeout <= 60:
         raise ValueError(f"op_timeout must be within (0, 60] seconds, got {op_timeout!r}")
     if not 0 <= retry_after <= 3600:
         raise ValueError(f"retry_after must be within 0..3600 seconds, got {retry_after!r}")
+    if not 0.001 <= admission_refresh <= 60:
+        raise ValueError(f"admission_refresh must be within 0.001..60 seconds, "
+                         f"got {admission_refresh!r}")
     if not 1 <= ttl <= 30 * 86_400 or not math.isfinite(ttl):
         raise ValueError(f"ttl must be within 1 s..30 days, got {ttl!r}")
     if not is_int(deposit_batch) or not 1 <= deposit_batch <= 1_000_000:
@@ -294,8 +301,9 @@ class StoreBase:
     """Options, health and handle caches shared by ``RedisStore`` and ``AsyncRedisStore``."""
 
     def __init__(self, *, prefix: str, op_timeout: float, retry_after: float, ttl: float,
-                 deposit_batch: int, clock: Callable[[], float], max_targets: int) -> None:
-        check_options(prefix, op_timeout, retry_after, ttl, deposit_batch)
+                 deposit_batch: int, clock: Callable[[], float], max_targets: int,
+                 admission_refresh: float) -> None:
+        check_options(prefix, op_timeout, retry_after, ttl, deposit_batch, admission_refresh)
         if max_targets < 1:
             raise ValueError("max_targets must be at least 1")
         self.prefix = prefix
@@ -303,6 +311,7 @@ class StoreBase:
         self.ttl = ttl
         self.ttl_ms = int(ttl * 1000)
         self.deposit_batch = deposit_batch
+        self.admission_refresh = admission_refresh
         self.health = Health(clock, retry_after)
         self.local = MemoryStore(clock, max_targets)
         self._max = max_targets
@@ -321,11 +330,6 @@ class StoreBase:
                         self._handles.popitem(last=False)
                         count("store.redis.evicted")
         return handle
-
-    def admission(self, target: str, policy: AdmissionPolicy) -> MemoryAdmissionHandle:
-        """The target's adaptive admission: shared by the fleet: not yet; each process judges on its
-        own calls (the local memory store's handle, bounded like its other entries)."""
-        return self.local.admission(target, policy)
 
 
 # --- the sync store -------------------------------------------------------------------------------
@@ -436,9 +440,10 @@ class RedisStore(StoreBase):
     def __init__(self, client_or_url: str | redis.Redis, *, prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
-                 max_targets: int = 4096) -> None:
+                 max_targets: int = 4096, admission_refresh: float = 0.1) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
-                         deposit_batch=deposit_batch, clock=clock, max_targets=max_targets)
+                         deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
+                         admission_refresh=admission_refresh)
         if isinstance(client_or_url, str):
             client_or_url = redis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
                                                  socket_connect_timeout=op_timeout,
@@ -448,6 +453,7 @@ class RedisStore(StoreBase):
         self.client = client_or_url
         self.bucket_script = client_or_url.register_script(LUA_BUCKET)
         self.breaker_script = client_or_url.register_script(LUA_BREAKER)
+        self.admission_script = client_or_url.register_script(LUA_ADMISSION)
 
     def bucket(self, target: str, policy: BucketPolicy) -> RedisBucketHandle:
         handle: RedisBucketHandle = self._handle("bucket", target, policy,
@@ -457,6 +463,12 @@ class RedisStore(StoreBase):
     def breaker(self, target: str, policy: BreakerPolicy) -> RedisBreakerHandle:
         handle: RedisBreakerHandle = self._handle("breaker", target, policy,
                                                   lambda: RedisBreakerHandle(self, target, policy))
+        return handle
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> RedisAdmissionHandle:
+        """The target's adaptive admission, shared by every process naming it (see the module)."""
+        handle: RedisAdmissionHandle = self._handle(
+            "admission", target, policy, lambda: RedisAdmissionHandle(self, target, policy))
         return handle
 
     def close(self) -> None:
