@@ -1,17 +1,14 @@
 """The stores' admission handles: one per (target, policy), bounded, thread-safe around the core
-``Admission``; the Redis stores hand out their local memory store's (not fleet-shared yet)."""
+``Admission`` (the Redis stores' shared handles: test_redis_admission.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import askonce
 from askonce.core.admission import Admission, AdmissionPolicy
-from askonce.stores.aredis import AsyncRedisStore
-from askonce.stores.base import AdmissionHandle, AsyncStore, Store
+from askonce.stores.base import AdmissionHandle, Store
 from askonce.stores.memory import MemoryStore
-from askonce.stores.redis import RedisStore
 from stats_delta import delta
 
 THREADS = 8
@@ -78,24 +75,3 @@ def test_threads_lose_no_admission_counts() -> None:
     snap = handle.snapshot()
     assert (snap["requests"], snap["calls"], snap["successes"]) == (THREADS * n, THREADS * n,
                                                                     THREADS * n * 3 // 4)
-
-
-def test_the_redis_stores_hand_out_the_local_memory_handle() -> None:
-    # Not fleet-shared yet: each process judges on its own calls. No Redis call is made (nor needed).
-    store = RedisStore("redis://127.0.0.1:1", max_targets=2)
-    astore = AsyncRedisStore("redis://127.0.0.1:1", max_targets=2)
-    try:
-        typed: Store = store
-        atyped: AsyncStore = astore
-        for s, t in ((store, typed), (astore, atyped)):
-            handle = t.admission("svc", AdmissionPolicy())
-            assert handle is s.local.admission("svc", AdmissionPolicy())
-            assert t.admission("svc", AdmissionPolicy()) is handle
-            assert handle.admit(0.0, 0.5)
-            handle.record(0.0, success=True)
-            t.admission("b", AdmissionPolicy())
-            t.admission("c", AdmissionPolicy())
-            assert len(s.local._admissions) == 2  # bounded by the store's max_targets
-    finally:
-        store.close()
-        asyncio.run(astore.aclose())
