@@ -17,7 +17,11 @@ window):
 * ``<tag>:<op>:r`` / ``:o`` - retries per layer, re-mints per origin (``max_names``, then
   ``~other``);
 * ``<tag>:done:<id>`` - a flushed chunk's id, so that a chunk sent again after a timeout counts
-  once.
+  once;
+* ``<tag>:seen:<replica>`` - a bitmap of the replica's capped arrivals in the window, one bit per
+  arrival by its sequence number: the cap script and the flush each claim an arrival's bit before
+  counting it, so that an arrival whose cap call timed out (it may or may not have run) is counted
+  exactly once, whichever of the two runs first.
 
 ``<op>`` is a 64-bit digest of the operation name. ``{<prefix>:ledger}:meta`` holds the policy the
 replicas run (``askonce report`` reads it), ``{<prefix>:ledger}:dropped`` the shared count of
@@ -41,20 +45,25 @@ if TYPE_CHECKING:
     import redis
 
 # Buffer entry flags: the arrival's per-key count is already in Redis (the cap script made it);
-# it was refused.
+# it was refused; its cap call failed, so the script may have counted it or not: the flush claims
+# its bit in the replica's ``seen`` bitmap, at the sequence number held in the bits above.
 COUNTED = 1
 REFUSED = 2
+UNCERTAIN = 4
+SEQ_SHIFT = 3
+MAX_SEQ = 2**32  # SETBIT's offsets: capped arrivals per replica and window guarded
 CHUNK = 1000  # keys per script call: a long script would stall every other client (the cap's 50 ms)
 _PATH_CACHE = 4096
 _COUNTERS = ("a", "t", "m", "u", "x", "f")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _KEY_TAIL = struct.Struct(">IBH")
+_UNCERTAIN_TAIL = struct.Struct(">IB")
 
-# KEYS: ops set, then c k p h r o of the operation, then of '~other', then the chunk's done-marker.
-# ARGV: op, max_operations, max_exact_keys, max_pairs, max_names, ttl_ms, cap set (0|1), six
-# counters (a t m u x f), then nr (layer n)*, no (origin n)*, the number of keys and the packed
-# keys.
+# KEYS: ops set, then c k p h r o of the operation, then of '~other', then the chunk's done-marker,
+# then the replica's seen bitmap. ARGV: op, max_operations, max_exact_keys, max_pairs, max_names,
+# ttl_ms, cap set (0|1), six counters (a t m u x f), then nr (layer n)*, no (origin n)*, the number
+# of keys and the packed keys, the number of uncertain arrivals and their packed (field, seq, edge).
 LUA_FLUSH = """
 local ttl = tonumber(ARGV[6])
 if not redis.call('SET', KEYS[14], '1', 'NX', 'PX', ttl) then return -1 end
@@ -89,22 +98,33 @@ end
 local maxk, maxp, cap, unenforced, spilled =
   tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[7] == '1', 0, false
 local klen, plen = redis.call('HLEN', k), redis.call('HLEN', p)
-local blob, pos = ARGV[i + 1], 1
-for _ = 1, tonumber(ARGV[i]) do
-  local f, n, edge, np
-  f, n, edge, np, pos = struct.unpack('>Hc0I4BH', blob, pos)
-  local exact = true
-  if n == 0 then
-    -- every arrival was counted by the cap script, which counts only exact keys
-  elseif klen < maxk then
+local function count(f, n, edge)
+  if klen < maxk then
     if redis.call('HINCRBY', k, f, n) == n then klen = klen + 1 end
   elseif redis.call('HEXISTS', k, f) == 1 then
     redis.call('HINCRBY', k, f, n)
   else
-    exact, spilled = false, true
+    spilled = true
     if edge == 1 then redis.call('PFADD', h, f) end
     if cap then unenforced = unenforced + n end
+    return false
   end
+  return true
+end
+-- Arrivals whose cap call failed: counted unless the cap script claimed them first.
+local nu, ublob, upos = tonumber(ARGV[i + 2]), ARGV[i + 3], 1
+for _ = 1, nu do
+  local f, seq, edge
+  f, seq, edge, upos = struct.unpack('>Hc0I4B', ublob, upos)
+  if redis.call('SETBIT', KEYS[15], seq, 1) == 0 then count(f, 1, edge) end
+end
+if nu > 0 then redis.call('PEXPIRE', KEYS[15], ttl) end
+local blob, pos = ARGV[i + 1], 1
+for _ = 1, tonumber(ARGV[i]) do
+  local f, n, edge, np
+  f, n, edge, np, pos = struct.unpack('>Hc0I4BH', blob, pos)
+  -- n == 0: every arrival was counted by the cap script, which counts only exact keys
+  local exact = n == 0 or count(f, n, edge)
   for _ = 1, np do
     local suffix, m
     suffix, m, pos = struct.unpack('>c17I4', blob, pos)
@@ -124,11 +144,13 @@ for _, key in ipairs({KEYS[1], c, k, p, h, r, o}) do redis.call('PEXPIRE', key, 
 return b
 """
 
-# KEYS: ops set, the operation's per-key hash, '~other''s. ARGV: op, max_operations, max_exact_keys,
-# ttl_ms, field. Returns the key's arrivals in the window counting this one; 0 beyond the exact
-# bound.
+# KEYS: ops set, the operation's per-key hash, '~other''s, the replica's seen bitmap. ARGV: op,
+# max_operations, max_exact_keys, ttl_ms, field, the arrival's sequence number (-1: unguarded).
+# Returns the key's arrivals in the window counting this one; 0 beyond the exact bound (the flush
+# counts it); -1 if a flush already counted it (its reply had been given up for lost).
 LUA_CAP = """
-local k = KEYS[2]
+local k, seq = KEYS[2], tonumber(ARGV[6])
+if seq >= 0 and redis.call('GETBIT', KEYS[4], seq) == 1 then return -1 end
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
   if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) then redis.call('SADD', KEYS[1], ARGV[1])
   else k = KEYS[3]; redis.call('SADD', KEYS[1], '~other') end
@@ -137,6 +159,10 @@ end
 if redis.call('HEXISTS', k, ARGV[5]) == 1 or redis.call('HLEN', k) < tonumber(ARGV[3]) then
   local n = redis.call('HINCRBY', k, ARGV[5], 1)
   redis.call('PEXPIRE', k, ARGV[4])
+  if seq >= 0 then
+    redis.call('SETBIT', KEYS[4], seq, 1)
+    redis.call('PEXPIRE', KEYS[4], ARGV[4])
+  end
   return n
 end
 return 0
@@ -221,13 +247,16 @@ class Space:
             out += [f"{stem}:{s}" for s in ("c", "k", "p", "h", "r", "o")]
         return out
 
+    def seen(self, window: int, replica: str) -> str:
+        return f"{self.tag(window)}:seen:{replica}"
+
     def cap_call(self, window: int, operation: str, edge: bool, principal: str,
-                 key: str) -> tuple[list[str], list[Any]]:
+                 key: str, replica: str, seq: int) -> tuple[list[str], list[Any]]:
         keys = self.op_keys(window, operation)
         p = self.policy
-        return [keys[0], keys[2], keys[8]], [operation, p.max_operations, p.max_exact_keys,
-                                            self.ttl_ms,
-                                            field(b"a" if edge else b"r", principal, key)]
+        return ([keys[0], keys[2], keys[8], self.seen(window, replica)],
+                [operation, p.max_operations, p.max_exact_keys, self.ttl_ms,
+                 field(b"a" if edge else b"r", principal, key), seq])
 
     def meta_fields(self) -> dict[Any, Any]:
         p = self.policy
@@ -249,7 +278,7 @@ def policy_from(meta: dict[Any, Any]) -> LedgerPolicy:
 
 
 class _Group:
-    __slots__ = ("counters", "keys", "origins", "retries")
+    __slots__ = ("counters", "keys", "origins", "retries", "uncertain")
 
     def __init__(self) -> None:
         self.counters = [0, 0, 0, 0, 0, 0]  # as _COUNTERS
@@ -257,6 +286,7 @@ class _Group:
         self.origins: dict[str, int] = {}
         # field -> [uncounted arrivals, edge, {path suffix: n}]
         self.keys: dict[bytes, list[Any]] = {}
+        self.uncertain: list[tuple[bytes, int, bool]] = []  # (field, seq, edge)
 
 
 Call = tuple[str, list[str], list[Any], int]  # script, keys, args, arrivals it carries
@@ -266,8 +296,9 @@ class Writer:
     """Turns buffered arrivals into script calls (aggregated per window and operation) and sends
     them."""
 
-    def __init__(self, space: Space, client: redis.Redis) -> None:
+    def __init__(self, space: Space, client: redis.Redis, replica: str = "") -> None:
         self.space = space
+        self.replica = replica  # whose seen bitmap the flush claims uncertain arrivals in
         self.client = client
         self.scripts = {"flush": client.register_script(LUA_FLUSH),
                         "dropped": client.register_script(LUA_DROPPED)}
@@ -347,7 +378,9 @@ class Writer:
             entry = g.keys.get(f)
             if entry is None:
                 entry = g.keys[f] = [0, edge, {}]
-            if not flag & COUNTED:
+            if flag & UNCERTAIN:
+                g.uncertain.append((f, flag >> SEQ_SHIFT, edge))
+            elif not flag & COUNTED:
                 entry[0] += 1
             pairs = entry[2]
             suffix = info[0]
@@ -374,8 +407,9 @@ class Writer:
                            p.max_exact_keys * p.max_paths_per_key,
                            p.max_names, self.space.ttl_ms, 0 if p.cap is None else 1]
         items = list(g.keys.items())
+        seen = self.space.seen(index, self.replica)
         out: list[Call] = []
-        for start in range(0, max(1, len(items)), CHUNK):
+        for start in range(0, max(1, len(items), len(g.uncertain)), CHUNK):
             chunk = items[start:start + CHUNK]
             first = start == 0
             args = head + (g.counters if first else [0] * 6)
@@ -393,8 +427,15 @@ class Writer:
                     blob += suffix
                     blob += _U32.pack(m)
             args += [len(chunk), bytes(blob)]
+            uncertain = g.uncertain[start:start + CHUNK]
+            blob = bytearray()
+            for f, seq, edge in uncertain:
+                blob += _U16.pack(len(f))
+                blob += f
+                blob += _UNCERTAIN_TAIL.pack(seq, 1 if edge else 0)
+            args += [len(uncertain), bytes(blob)]
             done = f"{self.space.tag(index)}:done:{uuid.uuid4().hex}"
-            out.append(("flush", [*keys, done], args, g.counters[0] if first else 0))
+            out.append(("flush", [*keys, done, seen], args, g.counters[0] if first else 0))
         return out
 
     def send(self, calls: list[Call]) -> None:

@@ -32,10 +32,12 @@ shows the loss instead of hiding it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,7 +45,7 @@ from askonce import _stats
 from askonce.core import is_int
 from askonce.core.ledger import Ledger, LedgerPolicy, Report, window_index
 from askonce.ledger import _redis as lr
-from askonce.ledger._redis import COUNTED, REFUSED
+from askonce.ledger._redis import COUNTED, MAX_SEQ, REFUSED, SEQ_SHIFT, UNCERTAIN
 
 if TYPE_CHECKING:
     import redis
@@ -181,7 +183,11 @@ class RedisLedger:
         else:
             self.client = self.reader = client_or_url
         self._cap_script = self.client.register_script(lr.LUA_CAP)
-        self._writer = lr.Writer(self.space, self.reader)
+        # This replica's capped arrivals are numbered per window, so that one whose cap call
+        # failed is counted once (see ``_redis``'s seen bitmap).
+        self._replica = uuid.uuid4().hex[:16]
+        self._seqs: dict[int, itertools.count[int]] = {}
+        self._writer = lr.Writer(self.space, self.reader, self._replica)
         self._health = _Health(clock, retry_after)
         self._cap = policy.cap
         self._lock = self.local._lock  # one lock for the local ledger and the buffer
@@ -189,6 +195,7 @@ class RedisLedger:
         # append.
         self._local_record = self.local._record if local else None
         self._flush_lock = threading.Lock()  # one flush at a time
+        self._seq_lock = threading.Lock()
         self._buffer: list[Arrival] = []
         self._held: list[lr.Call] = []  # calls Redis did not take, sent again with the next flush
         self._held_n = 0  # the arrivals they carry
@@ -223,8 +230,8 @@ class RedisLedger:
             allowed = True if local is None else local(now, operation, key=key, edge=edge,
                                                        origin=origin, path=path,
                                                        principal=principal, malformed=malformed)
-            if flag < 0:
-                flag = 0 if allowed else REFUSED
+            if flag < 0:  # the local ledger decided; a cap call that may have run stays marked
+                flag = (-flag if flag < -1 else 0) | (0 if allowed else REFUSED)
             else:
                 allowed = not flag & REFUSED
             buffer = self._buffer
@@ -237,22 +244,46 @@ class RedisLedger:
         return allowed
 
     def _capped(self, index: int, operation: str, key: str, edge: bool, principal: str) -> int:
-        """The Redis cap's verdict as buffer flags, or -1 for the local ledger to decide."""
+        """The Redis cap's verdict as buffer flags, or a negative number for the local ledger to
+        decide: -1, or ``-(UNCERTAIN | seq << SEQ_SHIFT)`` when the script may have run."""
         health = self._health
         if health.usable():
-            keys, args = self.space.cap_call(index, operation, edge, principal, key)
+            seq = self._seq(index)
+            keys, args = self.space.cap_call(index, operation, edge, principal, key,
+                                             self._replica, seq)
             try:
                 n = int(self._cap_script(keys=keys, args=args))
             except Exception as exc:
                 health.failed("cap", exc)
-            else:
-                health.succeeded()
-                if n == 0:  # beyond the exact bound in Redis: counted (and not capped) at the flush
-                    return 0
-                assert self._cap is not None
-                return COUNTED | (REFUSED if n > self._cap else 0)
+                _stats.count("ledger.redis.cap-fallback")
+                # It may have run (a lost reply): the flush counts it unless the script had.
+                return -1 if seq < 0 else -(UNCERTAIN | seq << SEQ_SHIFT)
+            health.succeeded()
+            if n == 0:  # beyond the exact bound in Redis: counted (and not capped) at the flush
+                return 0
+            if n < 0:  # a flush counted it first (this call's reply was late): not refused
+                return COUNTED
+            assert self._cap is not None
+            return COUNTED | (REFUSED if n > self._cap else 0)
         _stats.count("ledger.redis.cap-fallback")
         return -1
+
+    def _seq(self, index: int) -> int:
+        """The next sequence number of this replica's capped arrivals in window ``index``; -1 (an
+        unguarded call) past ``MAX_SEQ``."""
+        counter = self._seqs.get(index)
+        if counter is None:
+            with self._seq_lock:
+                counter = self._seqs.get(index)
+                if counter is None:
+                    counter = self._seqs[index] = itertools.count()
+                    for old in [i for i in self._seqs if i < index - 2]:  # bounded: recent only
+                        del self._seqs[old]
+        seq = next(counter)
+        if seq >= MAX_SEQ:
+            _stats.count("ledger.redis.cap-unguarded")
+            return -1
+        return seq
 
     def _drop_locked(self, n: int, reason: str) -> None:
         self.local.ledger.note_dropped(n, reason)
