@@ -296,7 +296,8 @@ class Writer:
     """Turns buffered arrivals into script calls (aggregated per window and operation) and sends
     them."""
 
-    def __init__(self, space: Space, client: redis.Redis, replica: str = "") -> None:
+    def __init__(self, space: Space, client: redis.Redis | redis.RedisCluster,
+                 replica: str = "") -> None:
         self.space = space
         self.replica = replica  # whose seen bitmap the flush claims uncertain arrivals in
         self.client = client
@@ -438,15 +439,71 @@ class Writer:
             out.append(("flush", [*keys, done, seen], args, g.counters[0] if first else 0))
         return out
 
-    def send(self, calls: list[Call]) -> None:
-        """Run ``calls`` in one pipelined round trip; a chunk that already ran (sent again after a
-        timeout) is skipped by its done-marker, so nothing is counted twice."""
-        pipe = self.client.pipeline(transaction=False)
+    def send(self, calls: list[Call], replicas: int = 0, wait_ms: int = 100) -> None:
+        """Run ``calls`` in one pipelined round trip (one call at a time on a Redis Cluster); a
+        chunk that already ran (sent again after a timeout) is skipped by its done-marker, so
+        nothing is counted twice. With ``replicas``, raise :class:`NotReplicated` unless that many
+        replicas acknowledged the writes within ``wait_ms`` (``WAIT``): the caller sends the calls
+        again, so that a failover that lost them on the way loses nothing."""
+        pipe = batch(self.client)
+        if pipe is None:
+            self._send_one_by_one(calls, replicas, wait_ms)
+            return
         for script, keys, args, _ in calls:
             self.scripts[script](keys=keys, args=args, client=pipe)
         pipe.hset(self.space.meta, mapping=self.space.meta_fields())
         pipe.pexpire(self.space.meta, 30 * 86_400_000)
-        pipe.execute()
+        if replicas:
+            pipe.execute_command("WAIT", replicas, wait_ms)  # on the connection that wrote
+        out = pipe.execute()
+        if replicas and int(out[-1]) < replicas:
+            raise NotReplicated(f"{out[-1]} of {replicas} replicas acknowledged a flush")
+
+    def _send_one_by_one(self, calls: list[Call], replicas: int, wait_ms: int) -> None:
+        # On a cluster each script runs on its own: its NOSCRIPT (a promoted replica has an empty
+        # script cache) is answered by loading it, which a cluster pipeline cannot do.
+        client: Any = self.client
+        for script, keys, args, _ in calls:
+            self.scripts[script](keys=keys, args=args, client=client)
+        client.hset(self.space.meta, mapping=self.space.meta_fields())
+        client.pexpire(self.space.meta, 30 * 86_400_000)
+        if replicas:
+            nodes = {client.get_node_from_key(keys[0]).name: client.get_node_from_key(keys[0])
+                     for _, keys, _, _ in calls}
+            nodes[""] = client.get_node_from_key(self.space.meta)
+            for node in nodes.values():
+                acked = int(client.execute_command("WAIT", replicas, wait_ms, target_nodes=node))
+                if acked < replicas:
+                    raise NotReplicated(f"{acked} of {replicas} replicas of {node.name} "
+                                        "acknowledged a flush")
+
+
+class NotReplicated(Exception):
+    """Fewer replicas than asked for acknowledged a flush: it is sent again."""
+
+
+def batch(client: Any) -> Any:
+    """A pipeline of ``client``, or None for a Redis Cluster client (a cluster pipeline refuses
+    scripts and PFCOUNT: commands go one at a time, each to its slot's node)."""
+    if hasattr(client, "get_node_from_key"):  # redis.cluster.RedisCluster, without importing it
+        return None
+    return client.pipeline(transaction=False)
+
+
+class _Now:
+    """The read pipeline's shape over a cluster client: each command runs at once."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._out: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        command = getattr(self._client, name)
+        return lambda *args, **kwargs: self._out.append(command(*args, **kwargs))
+
+    def execute(self) -> list[Any]:
+        out, self._out = self._out, []
+        return out
 
 
 class _Known(HyperLogLog):
@@ -495,7 +552,8 @@ def _operation(name: str, start: float, current: bool, raw: list[Any],
     return summarize(op, name, start, start + policy.window, current, policy.heavy_keys)
 
 
-def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | None) -> Report:
+def read(client: redis.Redis | redis.RedisCluster, now: float, prefix: str,
+         policy: LedgerPolicy | None) -> Report:
     check_prefix(prefix)
     if not math.isfinite(now):
         raise ValueError(f"report time must be finite, got {now!r}")
@@ -509,7 +567,7 @@ def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | No
         space = Space(prefix, policy)
     current = math.floor(now / policy.window)
     indexes = range(current - policy.windows_kept, current + 1)
-    pipe = client.pipeline(transaction=False)
+    pipe = batch(client) or _Now(client)
     for index in indexes:
         pipe.smembers(f"{space.tag(index)}:ops")
     pipe.hgetall(space.dropped)
@@ -517,7 +575,7 @@ def read(client: redis.Redis, now: float, prefix: str, policy: LedgerPolicy | No
     wanted = [(index, name.decode("utf-8", "surrogatepass"))
               for index, names in zip(indexes, members, strict=True) for name in names]
     wanted.sort()
-    pipe = client.pipeline(transaction=False)
+    pipe = batch(client) or _Now(client)
     for index, name in wanted:
         c, k, p, h, r, o = space.op_keys(index, name)[1:7]
         pipe.hgetall(c)

@@ -152,16 +152,22 @@ class RedisLedger:
     a ``redis.Redis`` used for both (give it timeouts). ``clock`` is monotonic, for the back-off
     only. ``start=False`` runs no flusher thread: call :meth:`flush` yourself. ``local=False`` (only
     without a cap) keeps no local ledger: :meth:`record` is then an append to the buffer, and
-    :meth:`local_report` shows only what was dropped.
+    :meth:`local_report` shows only what was dropped. ``replicas``: a flush counts as done only
+    once that many replicas acknowledged it within ``replica_wait`` seconds (``WAIT``), else it is
+    sent again (``ledger.redis.not-replicated``): a failover then loses no flushed arrival, and
+    none is counted twice (the done-markers). A ``redis.cluster.RedisCluster`` works too: flushes
+    and reports go one command at a time, each to its slot's node.
     """
 
     thread_safe = True
 
-    def __init__(self, client_or_url: str | redis.Redis, *, policy: LedgerPolicy = LedgerPolicy(),
+    def __init__(self, client_or_url: str | redis.Redis | redis.RedisCluster, *,
+                 policy: LedgerPolicy = LedgerPolicy(),
                  prefix: str = "askonce", op_timeout: float = 0.05, read_timeout: float = 2.0,
                  retry_after: float = 1.0, flush_interval: float = 0.25, batch: int = 4096,
                  max_buffer: int = 100_000, clock: Callable[[], float] = time.monotonic,
-                 start: bool = True, local: bool = True) -> None:
+                 start: bool = True, local: bool = True, replicas: int = 0,
+                 replica_wait: float = 0.1) -> None:
         lr.check_prefix(prefix)
         if not local and policy.cap is not None:
             raise ValueError(
@@ -169,15 +175,22 @@ class RedisLedger:
         for name, value, low, high in (("op_timeout", op_timeout, 0.001, 60.0),
                                        ("read_timeout", read_timeout, 0.001, 600.0),
                                        ("retry_after", retry_after, 0.0, 3600.0),
-                                       ("flush_interval", flush_interval, 0.001, 3600.0)):
+                                       ("flush_interval", flush_interval, 0.001, 3600.0),
+                                       ("replica_wait", replica_wait, 0.001, 60.0)):
             if not (isinstance(value, int | float) and low <= value <= high):
                 raise ValueError(f"{name} must be within {low}..{high} seconds, got {value!r}")
         for name, n in (("batch", batch), ("max_buffer", max_buffer)):
             if not is_int(n) or n < 1:
                 raise ValueError(f"{name} must be a positive integer, got {n!r}")
+        if not is_int(replicas) or not 0 <= replicas <= 16:
+            raise ValueError(f"replicas must be an int within 0..16, got {replicas!r}")
+        self._replicas = replicas
+        self._replica_wait_ms = max(1, int(replica_wait * 1000))
         self.policy = policy
         self.local = MemoryLedger(policy)
         self.space = lr.Space(prefix, policy)
+        self.client: redis.Redis | redis.RedisCluster
+        self.reader: redis.Redis | redis.RedisCluster
         if isinstance(client_or_url, str):
             self.client, self.reader = lr.clients(client_or_url, op_timeout, read_timeout)
         else:
@@ -346,8 +359,10 @@ class RedisLedger:
                 return True
             if self._health.usable():
                 try:
-                    self._writer.send(calls)
+                    self._writer.send(calls, self._replicas, self._replica_wait_ms)
                 except Exception as exc:
+                    if isinstance(exc, lr.NotReplicated):
+                        _stats.count("ledger.redis.not-replicated")
                     self._health.failed("flush", exc)
                 else:
                     self._health.succeeded()
@@ -396,7 +411,7 @@ class RedisLedger:
         return len(self._buffer) + self._held_n
 
 
-def read_report(client: redis.Redis, now: float, *, prefix: str = "askonce",
+def read_report(client: redis.Redis | redis.RedisCluster, now: float, *, prefix: str = "askonce",
                 policy: LedgerPolicy | None = None) -> Report:
     """The shared figures under ``prefix`` at wall-clock ``now``. Without ``policy``, the one the
     replicas published (window and bounds); raises :class:`LedgerUnavailable` if Redis cannot be

@@ -136,7 +136,8 @@ class AsyncRedisBreakerHandle(BreakerBase):
 class AsyncRedisStore(StoreBase):
     """Fleet-wide buckets and breakers in Redis, asyncio client; see ``stores.redis.RedisStore``."""
 
-    def __init__(self, client_or_url: str | aioredis.Redis, *, prefix: str = "askonce",
+    def __init__(self, client_or_url: str | aioredis.Redis | aioredis.RedisCluster, *,
+                 prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
                  max_targets: int = 4096, admission_refresh: float = 0.1) -> None:

@@ -437,7 +437,8 @@ class RedisStore(StoreBase):
     used for the back-off and for local fallback state.
     """
 
-    def __init__(self, client_or_url: str | redis.Redis, *, prefix: str = "askonce",
+    def __init__(self, client_or_url: str | redis.Redis | redis.RedisCluster, *,
+                 prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
                  max_targets: int = 4096, admission_refresh: float = 0.1) -> None:
