@@ -710,3 +710,31 @@ def test_the_sketches_hold_what_one_add_per_spilled_arrival_in_order_holds() -> 
     assert op.hll is not None and op.heavy is not None and heavy.offset > 0
     assert op.hll._registers == hll._registers
     assert (op.heavy.counts, op.heavy.offset) == (heavy.counts, heavy.offset)
+
+
+def test_work_started_per_question_sits_beside_arrivals_per_question() -> None:
+    ledger = Ledger(LedgerPolicy(window=10.0))
+    for key, n in (("a", 4), ("b", 1), ("c", 2)):  # 7 arrivals of 3 questions
+        for _ in range(n):
+            ledger.record(1.0, "op", key=key, edge=True)
+    for _ in range(3):  # a's repeats waited for its run; c's repeat was its own run (a retry)
+        ledger.joined(2.0, "op", edge=True)
+    ledger.joined(2.0, "op", edge=False)  # an unattributable arrival is in neither figure
+    op = only(ledger.report(3.0))
+    assert (op.amplification, op.joined, op.work_per_question) == (7 / 3, 3, 4 / 3)
+    totals = ledger.report(3.0).totals()
+    assert (totals.joined, totals.work_per_question) == (3, 4 / 3)
+    # Another replica's joins add up; a join answered in the next window never makes work negative.
+    other = Ledger(LedgerPolicy(window=10.0))
+    other.record(1.0, "op", key="a", edge=True)
+    other.joined(1.5, "op", edge=True)
+    ledger.merge(other)
+    assert only(ledger.report(3.0)).joined == 4
+    ledger.joined(12.0, "op", edge=True)
+    late = ledger.report(12.0).find("op", start=10.0)
+    assert late is not None and late.joined == 0 and late.work_per_question is None
+    # Without joins, work per question is amplification.
+    plain = Ledger(LedgerPolicy(window=10.0))
+    plain.record(1.0, "op", key="x", edge=True)
+    plain.record(1.0, "op", key="x", edge=True)
+    assert only(plain.report(2.0)).work_per_question == only(plain.report(2.0)).amplification == 2.0

@@ -78,6 +78,9 @@ def test_repeated_arrivals_in_flight_wait_for_the_one_run_and_a_late_one_is_repl
     assert late.text == "answer to q"
     assert "askonce-reply" in late.headers  # the outer middleware answers every arrival
     assert _arrivals(ledger) == 6  # the ledger counts every arrival, the handler ran once
+    # ...and says so beside them: 6 arrivals for the question, 1 run (5 were answered by it).
+    (op,) = ledger.report(now=time.time()).operations
+    assert (op.amplification, op.joined, op.work_per_question) == (6.0, 5, 1.0)
 
 
 def test_another_request_under_the_same_key_is_refused() -> None:

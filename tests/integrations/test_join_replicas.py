@@ -56,7 +56,10 @@ def test_a_question_arriving_at_both_replicas_at_once_runs_once_and_both_answer(
             rs = [f.result() for f in futures]
         assert [r.status_code for r in rs] == [200] * 4
         assert len({r.text for r in rs}) == 1 and rs[0].text.startswith("answer to q from ")
-        assert sorted(r.headers.get(JOINED, "run") for r in rs) == ["run", "wait", "wait", "wait"]
+        # One ran it; the others waited for it, or (on a busy machine, arriving after it ended)
+        # got its kept answer.
+        how = sorted(r.headers.get(JOINED, "run") for r in rs)
+        assert how.count("run") == 1 and set(how) <= {"run", "wait", "replay"}
         assert _runs(counter, key) == 1
 
 

@@ -130,6 +130,10 @@ def test_a_timed_out_try_rejoins_the_run_in_flight(kind: str, method: str) -> No
     seen = _arrivals(ledger) - before
     assert 2 <= seen <= 1 + 3  # each re-attach is an arrival, paid from the budget
     assert left == 3 - (seen - 1)  # what the question has left: one retry per re-attach
+    # The ledger sets the work started beside the arrivals: the re-attaches were answered by the
+    # run in flight.
+    (op,) = [o for o in ledger.report(now=time.time()).operations if o.operation.endswith("/q")]
+    assert op.amplification == seen and op.joined == seen - 1 and op.work_per_question == 1.0
 
 
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])

@@ -102,6 +102,16 @@ def announce() -> None:
         arrival.joins = True
 
 
+def answered_by_run() -> None:
+    """This request started no run of its own: it got a run's answer (waited for it, or its kept
+    answer), or left while waiting for one. The target's ledger counts it apart from the work
+    started (``work_per_question``); once per arrival."""
+    arrival = recording()
+    if isinstance(arrival, Arrival) and arrival.on_joined is not None:
+        note, arrival.on_joined = arrival.on_joined, None  # once per arrival
+        note()
+
+
 def detach() -> None:
     """This request runs a question others may join: its caller going away does not cancel it
     (``AskonceASGIMiddleware``'s disconnect watch); its deadline still does."""

@@ -208,7 +208,7 @@ class Arrival(Record):
     """
 
     __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joins", "malformed",
-                 "serving", "slot")
+                 "on_joined", "serving", "slot")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -222,6 +222,8 @@ class Arrival(Record):
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
         self.detached = False  # others may join this run: a disconnect does not cancel it
         self.slot: float | None = None  # when it took a slot of the concurrency limit
+        # Tells the ledger that this counted arrival was answered by a run it did not start.
+        self.on_joined: Callable[[], None] | None = None
 
     @property
     def noted(self) -> BaseException | None:
@@ -484,6 +486,8 @@ class Server:
             if edge and self._verify is not None and not self._verify(tab.key, tab.sig):
                 _stats.count("ledger.edge.unsigned")
                 edge, origin = False, UNSIGNED
+            if edge:
+                arrival.on_joined = self._joined_for(operation)
             if lock is None:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
                                      path=frame[1], principal=principal)
@@ -493,6 +497,28 @@ class Server:
         except Exception:  # a failing ledger must never fail the request: let it through, visibly
             _stats.count("server.ledger.error")
             return True
+
+    def _joined_for(self, operation: str) -> Callable[[], None]:
+        """What tells the ledger that an attributable arrival of ``operation`` was answered by a
+        run it did not start (``Ledger.joined``); a ledger without it counts
+        ``server.ledger.joined-unsupported`` instead."""
+        ledger, lock = self.options.ledger, self._lock
+        joined = getattr(ledger, "joined", None)
+
+        def note() -> None:
+            if joined is None:
+                _stats.count("server.ledger.joined-unsupported")
+                return
+            try:
+                if lock is None:
+                    joined(time.time(), operation, edge=True)
+                else:
+                    with lock:
+                        joined(time.time(), operation, edge=True)
+            except Exception:
+                _stats.count("server.ledger.error")
+
+        return note
 
     def deadline_answer(self, arrival: Arrival) -> Answer:
         return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline"))

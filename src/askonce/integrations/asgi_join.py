@@ -53,6 +53,7 @@ from askonce.integrations._join import (
     Joining,
     Run,
     announce,
+    answered_by_run,
     detach,
     digest,
     joined,
@@ -155,7 +156,11 @@ class JoinASGIMiddleware(Joining):
                 _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
                 break
             if verdict is Verdict.WAIT and entry is not None:
-                answer = await _wait(entry, tab.deadline)
+                try:
+                    answer = await _wait(entry, tab.deadline)
+                except BaseException:  # cancelled (its caller left): it started no run either
+                    answered_by_run()
+                    raise
                 if answer is None:
                     continue  # the run ended without an answer: arrive again
                 joined(tab, entry.signal)
@@ -209,7 +214,11 @@ class JoinASGIMiddleware(Joining):
                     await store.afinish(key, token, capture.answer(), self.policy)
                 return
             if verdict is Verdict.WAIT:
-                answer = await store.await_answer(key, _left(tab.deadline), self.policy)
+                try:
+                    answer = await store.await_answer(key, _left(tab.deadline), self.policy)
+                except BaseException:
+                    answered_by_run()
+                    raise
                 if answer is None:
                     continue  # the run ended without an answer, or its holder died
                 await _send(send, answer, b"wait")
@@ -382,6 +391,7 @@ async def _send(send: Send, answer: Answer, joined: bytes | None) -> None:
     headers = list(answer.headers)
     if joined is not None:
         headers.append((JOINED_HEADER, joined))
+        answered_by_run()
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})
 

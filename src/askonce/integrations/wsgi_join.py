@@ -39,6 +39,7 @@ from askonce.integrations._join import (
     Joining,
     Run,
     announce,
+    answered_by_run,
     digest,
     joined,
     principal_of,
@@ -270,5 +271,6 @@ def _send(start_response: StartResponse, answer: Answer, how: str | None) -> lis
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in answer.headers]
     if how is not None:
         headers.append((_JOINED, how))
+        answered_by_run()
     start_response(_status_line(answer.status), headers)
     return [answer.body]

@@ -201,8 +201,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 # --- the table ------------------------------------------------------------------------------------
 
-_COLUMNS = ("window (UTC)", "operation", "arrivals", "keyed", "keys", "amplif.", "coverage",
-            "p50/p99/max", "undeclared", "refused", "re-minted by", "retries by")
+_COLUMNS = ("window (UTC)", "operation", "arrivals", "keyed", "keys", "amplif.", "work/q",
+            "coverage", "p50/p99/max", "undeclared", "refused", "re-minted by", "retries by")
 
 
 def _cells(o: Row) -> list[str]:
@@ -213,7 +213,7 @@ def _cells(o: Row) -> list[str]:
     start = datetime.datetime.fromtimestamp(o["start"], datetime.UTC).strftime("%m-%d %H:%M")
     return [start + ("*" if o["current"] else ""), o["operation"], str(o["arrivals"]),
             str(o["attributable"]), str(o["distinct_keys"]) + ("~" if o["approximate"] else ""),
-            num(o["amplification"]),
+            num(o["amplification"]), num(o.get("work_per_question")),
             "-" if o["coverage"] is None else f"{100 * o['coverage']:.1f}%",
             "/".join("-" if per[k] is None else str(per[k]) for k in ("p50", "p99", "max")),
             str(o["undeclared_retries"]), str(o["refused"]), _names(o["reminted_by"]),
@@ -228,8 +228,9 @@ def _total(ops: list[Row]) -> list[str]:
     arrivals = sum(o["arrivals"] for o in ops)
     keyed = sum(o["attributable"] for o in ops)
     keys = sum(o["distinct_keys"] for o in ops)
+    work = keyed - sum(o.get("joined", 0) for o in ops)
     return ["all", "(every operation)", str(arrivals), str(keyed), str(keys),
-            f"{keyed / keys:.2f}" if keys else "-",
+            f"{keyed / keys:.2f}" if keys else "-", f"{work / keys:.2f}" if keys else "-",
             f"{100 * keyed / arrivals:.1f}%" if arrivals else "-", "",
             str(sum(o["undeclared_retries"] for o in ops)), str(sum(o["refused"] for o in ops)),
             "", ""]

@@ -198,6 +198,19 @@ class Ledger:
             op.overflowed = True
         return True
 
+    def joined(self, now: float, operation: str, *, edge: bool) -> None:
+        """An arrival recorded before was answered by work it did not start: it waited for the
+        run of its question in flight, or got that run's kept answer (``integrations.asgi_join``).
+        Counted, when ``edge`` (attributable), in the window of ``now``; the report's
+        ``work_per_question`` is attributable arrivals less these, per question."""
+        if not now < self._end:
+            self._roll(now)
+        if edge:
+            op = self._ops.get(operation)
+            if op is None:
+                op = self._operation(operation)
+            op.joined += 1
+
     def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry,
                digest: int) -> bool:
         if isinstance(entry, int):

@@ -81,6 +81,10 @@ class OperationReport:
     attributable: int
     distinct_keys: int  # attributable; an estimate when approximate
     amplification: float | None
+    # Attributable arrivals answered by work they did not start (joined to a run in flight, or
+    # replayed), and the work started per question beside amplification's arrivals per question.
+    joined: int
+    work_per_question: float | None
     coverage: float | None
     kinds: Mapping[Kind, int]
     per_key: PerKey
@@ -107,6 +111,8 @@ class Totals:
     attributable: int
     distinct_keys: int
     amplification: float | None
+    joined: int
+    work_per_question: float | None
     coverage: float | None
     kinds: Mapping[Kind, int]
     reminted_by: Mapping[str, int]
@@ -149,6 +155,7 @@ class Report:
         arrivals = sum(o.arrivals for o in ops)
         attributable = sum(o.attributable for o in ops)
         distinct = sum(o.distinct_keys for o in ops)
+        joined = sum(o.joined for o in ops)
         reminted_by: dict[str, int] = {}
         retries_by: dict[str, int] = {}
         for o in ops:
@@ -158,7 +165,9 @@ class Report:
                 retries_by[name] = retries_by.get(name, 0) + n
         return Totals(
             arrivals=arrivals, attributable=attributable, distinct_keys=distinct,
-            amplification=ratio(attributable, distinct), coverage=ratio(attributable, arrivals),
+            amplification=ratio(attributable, distinct), joined=joined,
+            work_per_question=ratio(attributable - joined, distinct),
+            coverage=ratio(attributable, arrivals),
             kinds={k: sum(o.kinds[k] for o in ops) for k in Kind},
             reminted_by=reminted_by, retries_by=retries_by,
             undeclared_retries=sum(o.undeclared_retries for o in ops),

@@ -67,7 +67,7 @@ class OperationState:
     """The counters of one operation in one window."""
 
     __slots__ = (
-        "_heavy", "_hll", "arrivals", "attr", "attributable", "cap_unenforced", "exact",
+        "_heavy", "_hll", "arrivals", "attr", "attributable", "cap_unenforced", "exact", "joined",
         "malformed", "overflowed", "pending", "refused", "remint", "reminted", "reminted_by",
         "retries_by", "unkeyed",
     )  # fmt: skip
@@ -80,6 +80,7 @@ class OperationState:
         self.malformed = 0
         self.refused = 0
         self.cap_unenforced = 0
+        self.joined = 0  # attributable arrivals answered by work they did not start (joins)
         self.exact = 0  # entries in attr and remint together, against max_exact_keys
         self.overflowed = False
         self.attr: Table = {}
@@ -156,7 +157,7 @@ class OperationState:
 
     def absorb(self, other: OperationState, policy: LedgerPolicy, heavy_k: int) -> None:
         for name in ("arrivals", "attributable", "reminted", "unkeyed", "malformed", "refused",
-                     "cap_unenforced"):  # fmt: skip
+                     "cap_unenforced", "joined"):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.overflowed = self.overflowed or other.overflowed
         for mine, theirs in ((self.reminted_by, other.reminted_by),
@@ -229,6 +230,7 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
     counts.sort()
     top = max(counts[-1] if counts else 0, -ranked[0][0] if ranked else 0)
     amplification = ratio(op.attributable, distinct)
+    joined = min(op.joined, op.attributable)  # a join answered in a later window than its arrival
     per_key = PerKey(
         mean=amplification,
         p50=counts[math.ceil(0.5 * len(counts)) - 1] if counts else None,
@@ -238,6 +240,7 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
     return OperationReport(
         operation=name, start=start, end=end, current=current, arrivals=op.arrivals,
         attributable=op.attributable, distinct_keys=distinct, amplification=amplification,
+        joined=joined, work_per_question=ratio(op.attributable - joined, distinct),
         coverage=ratio(op.attributable, op.arrivals),
         kinds={Kind.ATTRIBUTABLE: op.attributable, Kind.REMINTED: op.reminted,
                Kind.UNKEYED: op.unkeyed, Kind.MALFORMED: op.malformed},
