@@ -221,14 +221,16 @@ def test_goals_are_judged_from_the_rows() -> None:
             row("transient-50", "no-retry", 1, 1, success=0.50),
             row("transient-50", "askonce", 1.2, 4, success=0.496),
             row("overload", "no-retry", 1, 1),
-            row("overload", "naive", 1.5, 4), row("overload", "askonce", 1, 1, recovery=0.0)]
+            row("overload", "naive", 1.5, 4),
+            {**row("overload", "askonce", 1, 1, recovery=0.0), "cut_goodput": 0.93}]
     assert all(g["met"] for g in measure.goals(rows)), measure.goals(rows)
     rows[1] = row("outage", "askonce", 0.2, 5)  # one question over 1 + budget, and no protection
     rows[2] = row("transient", "askonce", 1.11, 3, success=0.998)
     rows[4] = row("transient-50", "askonce", 1.2, 4, success=0.494)  # under no-retry's, by 0.6
     rows[6] = row("overload", "naive", 1.5, 4, recovery=3.0)
+    rows[7] = {**rows[7], "cut_goodput": 0.85}
     assert [g["met"] for g in measure.goals(rows)] == [True, False, False, False, False, False,
-                                                       True]
+                                                       False, True]
 
 
 def test_the_sweep_is_the_transient_scenario_at_each_rate() -> None:
@@ -320,6 +322,8 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     if ("transient", "askonce") not in measure.invalid(doc["scenarios"]):  # a starved run measures the CPU
         assert rows["transient", "askonce"]["success_rate"] >= 0.99  # 0.999 needs more questions
     assert rows["transient", "askonce"]["coverage"] == 1.0
+    # Answers in the capacity cut over what it allows (16 a second in the quick run's 2 s).
+    assert all(0 <= rows["overload", p]["cut_goodput"] <= 1.5 for p in ("no-retry", "naive", "askonce"))
     assert (tmp_path / "report" / "index.html").exists() and (tmp_path / "report" / "arrivals.png").exists()
     assert json.loads((tmp_path / "report" / "results.json").read_text())["scenarios"] == doc["scenarios"]
     assert len(doc["pids"]) >= 4  # the one stack of four processes (more if one was restarted)

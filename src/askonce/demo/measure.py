@@ -76,6 +76,17 @@ def goodput_series(asked: Sequence[Asked], deadline: float, horizon: float,
     return bins
 
 
+def cut_goodput(asked: Sequence[Asked], deadline: float, start: float, end: float,
+                capacity: float) -> float | None:
+    """During a capacity cut from ``start`` to ``end`` (seconds into the run), the answers that
+    came back in time over what the cut's ``capacity`` (answers per second) could give."""
+    possible = capacity * (end - start)
+    if possible <= 0:
+        return None
+    done = sum(1 for a in asked if a.done and a.ok(deadline) and start <= a.ended < end)
+    return done / possible
+
+
 def wasted_work(asked: Sequence[Asked], work: Sequence[Sequence[Any]], deadline: float,
                 tolerance: float = 0.05) -> float:
     """Seconds of target work that answered no question: everything but, for each question
@@ -253,6 +264,9 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if naive is not None:
         add("overload: naive does not recover within the horizon", naive["recovery_s"] is None,
             f"naive: {when(naive)}", "naive")
+    if ask is not None and ask.get("cut_goodput") is not None:
+        add("overload: askonce answers at least 90% of what the cut's capacity allows during it",
+            ask["cut_goodput"] >= 0.9, f"askonce: {100 * ask['cut_goodput']:.0f}%", "askonce")
     if ask is not None:
         mine, theirs = ask["recovery_s"], None if none is None else none["recovery_s"]
         add("overload: askonce recovers no slower than no-retry",

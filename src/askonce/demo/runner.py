@@ -151,6 +151,10 @@ class Runner:
                 asked, scenario.deadline, baseline=(min(1.0, trigger.start / 2), trigger.start),
                 trigger_end=trigger.end, horizon=scenario.duration, window=scenario.window)
             row["horizon_s"] = scenario.duration - trigger.end
+            t = scenario.target  # what the cut leaves: slots / service time, times the factor
+            row["cut_goodput"] = None if t.service_time <= 0 else measure.cut_goodput(
+                asked, scenario.deadline, trigger.start, trigger.end,
+                t.slots / t.service_time * trigger.factor)
             goodput = measure.goodput_series(asked, scenario.deadline, scenario.duration)
         per_bin = max(1, round(1 / float(counts.get("bin", 0.1))))  # the target's bins per second
         per_second: dict[int, int] = {}
