@@ -126,6 +126,16 @@ def test_a_latency_that_cannot_be_measured_frees_the_slot_without_a_sample(laten
     assert limiter.inflight == 0 and limiter.baseline is None
 
 
+def test_a_request_whose_deadline_comes_before_the_fastest_recent_answer_is_too_late() -> None:
+    limiter = Limiter(POLICY)
+    assert not limiter.too_late(0.0, 0.001)  # nothing measured yet: nothing is too late
+    now = serve(limiter, 0.0, 1.0, 0.5)  # every request takes half a second
+    assert limiter.recent == 0.5
+    assert limiter.too_late(now, now + 0.4) and not limiter.too_late(now, now + 0.6)
+    now = serve(limiter, now, 1.0, 0.05)  # it got fast again: the latest window says so
+    assert limiter.recent == 0.05 and not limiter.too_late(now, now + 0.4)
+
+
 def test_a_release_too_many_never_goes_below_zero() -> None:
     limiter = Limiter(POLICY)
     limiter.release(0.0, 0.01)

@@ -174,7 +174,7 @@ def test_overloaded_refusals_are_a_verdict_that_opens_a_breaker_but_not_admissio
     broken = predict_demo(doc)["scenarios"][2]
     assert broken["arrivals_per_question"]["max"] == 1
     assert broken["arrivals_per_question"]["mean"] < 1.0
-    assert broken["success_rate"] < row["success_rate"]
+    assert broken["success_rate"] <= row["success_rate"]
 
 
 # --- against the real demo ------------------------------------------------------------------------
@@ -282,20 +282,22 @@ def test_joining_layers_answer_the_slow_questions_with_the_work_done_once() -> N
     assert joined["arrivals_per_question"]["max"] <= 1 + slow.budget
 
 
-def test_an_edge_that_rejoins_deepens_the_overloaded_targets_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Why the demo's edge keeps its own short attempts (rejoin=False): without a concurrency limit,
-    # waiting out the 3 s deadline for one joined run lets the target's FIFO queue hold 3 s of work
-    # instead of 1 s. With the limit the queue stays short, and waiting costs nothing.
+def test_an_edge_that_rejoins_is_safe_only_where_the_target_bounds_its_queue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo's edge rejoins (the library's default): it waits out the question's 3 s for the one
+    # joined run instead of 1 s tries. Without the target's concurrency limit that lets its FIFO
+    # queue hold 3 s of work instead of 1 s, and the stack does not recover; with the limit the
+    # queue stays short, and waiting answers every question the cut's capacity allows.
     overload = params.scenarios()["overload"]
     fifo = dataclasses.replace(overload, target=dataclasses.replace(overload.target,
                                                                     concurrency=False))
-    kept, kept_limited = fidelity.simulate(fifo, "askonce"), fidelity.simulate(overload, "askonce")
+    rejoined, rejoined_limited = fidelity.simulate(fifo, "askonce"), fidelity.simulate(overload,
+                                                                                     "askonce")
     plain = fidelity.policy_for
     monkeypatch.setattr(fidelity, "policy_for",
-                        lambda s, p: dataclasses.replace(plain(s, p), edge_rejoins=True))
-    rejoined = fidelity.simulate(fifo, "askonce")
+                        lambda s, p: dataclasses.replace(plain(s, p), edge_rejoins=False))
+    kept, kept_limited = fidelity.simulate(fifo, "askonce"), fidelity.simulate(overload, "askonce")
     assert rejoined["success_rate"] < kept["success_rate"] / 2
     assert kept["recovery_s"] is not None and rejoined["recovery_s"] is None
-    limited = fidelity.simulate(overload, "askonce")
-    assert limited["success_rate"] >= 0.95 * kept_limited["success_rate"]
-    assert limited["recovery_s"] is not None
+    assert rejoined_limited["success_rate"] > kept_limited["success_rate"]
+    assert rejoined_limited["recovery_s"] is not None

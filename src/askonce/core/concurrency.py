@@ -89,13 +89,14 @@ class Limiter:
     """
 
     __slots__ = ("_count", "_fastest", "_last", "_limit", "_peak", "_start", "baseline",
-                 "inflight", "policy")
+                 "inflight", "policy", "recent")
 
     def __init__(self, policy: ConcurrencyPolicy = ConcurrencyPolicy()) -> None:
         self.policy = policy
         self._limit = float(policy.initial_limit)
         self.inflight = 0
         self.baseline: float | None = None  # seconds; None until the first window ends
+        self.recent: float | None = None  # the latest window's fastest latency, seconds
         self._last: float | None = None  # when the baseline last moved
         self._start: float | None = None  # the open window: when its first sample came
         self._count = 0
@@ -115,6 +116,13 @@ class Limiter:
         if self.inflight > self._peak:
             self._peak = self.inflight
         return True
+
+    def too_late(self, now: float, deadline: float) -> bool:
+        """Whether a request whose caller stops waiting at ``deadline`` cannot be answered by then
+        even as fast as the latest window's fastest request was: working on it would only take a
+        slot from one that can."""
+        recent = self.recent
+        return recent is not None and deadline - now < recent
 
     def release(self, now: float, latency: float, ok: bool = True) -> None:
         """Give back a slot taken by :meth:`try_acquire`; ``latency``: seconds the request took."""
@@ -142,7 +150,7 @@ class Limiter:
         else:
             elapsed = max(0.0, now - (self._last if self._last is not None else now))
             base += (sample - base) * (elapsed / (elapsed + p.baseline_window))
-        self.baseline, self._last = base, now
+        self.baseline, self._last, self.recent = base, now, sample
         gradient = 1.0 if sample <= 0 else max(MIN_GRADIENT, min(1.0, p.tolerance * base / sample))
         limit = self._limit
         target = limit * gradient + p.headroom

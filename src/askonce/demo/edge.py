@@ -80,12 +80,11 @@ def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
         from askonce.stores.memory import MemoryStore
 
         store = MemoryStore(askonce._stats.monotonic)
-    # rejoin=False: the edge keeps its own short attempts. Waiting out the whole deadline for a
-    # joined run would let the target's FIFO queue grow three times as deep in the overload
-    # (docs/demo.md, "Answering once").
+    # rejoin (the library's default): toward a gateway that joins, the edge waits for the run of
+    # its question instead of timing out into tries. In the overload the target bounds its queue
+    # (adaptive concurrency), so waiting costs no queue depth (docs/demo.md, "Answering once").
     policy = ClientPolicy(
         layer="edge", originator=True, attempt_timeout=plan.timeout, deadline_grace=plan.grace,
-        rejoin=False,
         retry=RetryPolicy(attempts=plan.attempts, budget=plan.budget, deadline=plan.deadline,
                           backoff=Backoff(base=plan.backoff_base, cap=plan.backoff_cap)),
     )  # fmt: skip

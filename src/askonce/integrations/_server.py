@@ -373,10 +373,16 @@ class Server:
         limiter = self._limiter
         assert limiter is not None
         now = _stats.monotonic()
+        deadline = arrival.deadline if self.options.shed_deadline else None
         with self._limiter_lock:
-            taken = limiter.try_acquire(now)
+            late = deadline is not None and limiter.too_late(now, deadline)
+            taken = not late and limiter.try_acquire(now)
         if taken:
             arrival.slot = now
+            return
+        if late:  # its caller stops waiting before even the fastest recent answer could be out
+            _stats.count("server.shed.too-late")
+            arrival.answer = self.deadline_answer(arrival)
             return
         _stats.count("server.shed.overloaded")
         pushback = limiter.policy.pushback

@@ -102,9 +102,11 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
                                   shared=True, join=scenario.join))  # fmt: skip
     if not chosen.propagate:
         return chosen
-    # The demo's target keeps a concurrency limit only where its settings say so.
-    return dataclasses.replace(chosen, grace=scenario.grace, concurrency=(
-        ConcurrencyPolicy() if scenario.target.concurrency else None))
+    # The demo's target keeps a concurrency limit only where its settings say so; its edge
+    # rejoins a gateway that joins (ClientPolicy.rejoin, the default).
+    return dataclasses.replace(chosen, grace=scenario.grace, edge_rejoins=scenario.join,
+                               concurrency=(ConcurrencyPolicy() if scenario.target.concurrency
+                                            else None))
 
 
 def world_for(scenario: Scenario, *, latency: float = HOP_LATENCY) -> World:

@@ -445,6 +445,10 @@ class Sim:
             return
         limiter = self.limiter
         if limiter is not None:
+            if (self.policy.shed and job.deadline is not None
+                    and limiter.too_late(now, job.deadline)):
+                self._target_answer(job, False, True, now)  # as the middleware: dnr deadline
+                return
             if not limiter.try_acquire(now):
                 # Over the limit: answered at once, do not retry, with the policy's pushback.
                 self.stats.overloaded += 1
