@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from askonce import _stats, propagation
 from askonce._context import FRAME
@@ -46,6 +46,7 @@ from askonce._replies import (
     replies,
     stop_recording,
 )
+from askonce.client.hedging import Hedgers, race
 from askonce.client.policy import (
     DEFAULT_RETRY,
     IDEMPOTENT_METHODS,
@@ -63,6 +64,7 @@ from askonce.client.policy import (
 )
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy
+from askonce.core.hedge import FIRST, HEDGE, Race
 from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
     ANSWERED,
@@ -235,8 +237,8 @@ JOINERS = Joiners()
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the loop."""
 
-    __slots__ = ("admission", "bucket", "exchange", "first", "idempotent", "joiners", "joins",
-                 "path", "sent", "tab", "target")
+    __slots__ = ("admission", "bucket", "delay", "exchange", "first", "idempotent", "joiners",
+                 "joins", "path", "race", "sent", "tab", "target")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                  idempotent: bool, now: float) -> None:
@@ -255,6 +257,8 @@ class _Call:
         self.idempotent = idempotent
         self.first = self.path + caller._first
         self.sent: Sent | None = None  # the fast first attempt's window (RetryState.sent)
+        self.race: Race | None = None  # a first attempt that may hedge, after ``delay`` seconds
+        self.delay: float | None = None
         # The admission handle the fast path asked (REFUSE: it refused), else the loop asks it.
         self.admission: AdmissionHandle | None = None
         self.joiners = caller._joiners
@@ -282,12 +286,13 @@ class _Call:
         return limit
 
     def loop(self, caller: Caller, held: int, first: Tried | None,
-             sleep: Callable[[float], object]) -> tuple[RetryState, Pass]:
+             sleep: Callable[[float], object], tries: int = 1) -> tuple[RetryState, Pass]:
         """The core's state of this call and the loop over it, after a first attempt sent with
-        ``held`` forwarded (``first``), or from the start."""
+        ``held`` forwarded (``first``; ``tries``: 2 when it was hedged), or from the start."""
         state = RetryState(caller._policies[self.idempotent], self.tab, caller.policy.layer,
                            self.bucket is not None)
         state.held = held  # what state.forward() would have held
+        state.attempt = tries  # a hedge was this layer's second try: a retry is its third
         state.sent = self.sent  # what state.given() would have noted
         policy, exchange = caller.policy, self.exchange
         breaker = None
@@ -333,8 +338,9 @@ class Caller:
     configured).
     """
 
-    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_joiners", "_policies",
-                 "_sleep", "clock", "per_target", "policy", "random", "store")
+    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_hedge_hop", "_hedgers",
+                 "_joiners", "_policies", "_sleep", "clock", "per_target", "policy", "random",
+                 "store")
 
     def __init__(
         self,
@@ -378,15 +384,20 @@ class Caller:
         # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
         self._policies = (replace(policy.retry, idempotent=False), policy.retry)
         self._first = (Hop(policy.layer, 1),)
+        self._hedge_hop = Hop(policy.layer, 2)
         self._joiners = JOINERS if policy.rejoin else None
-        # Without a bucket, a breaker, admission or rejoining, any target will do.
+        self._hedgers = None if policy.hedge is None else Hedgers(policy.hedge)
+        # Without a bucket, a breaker, admission, rejoining or hedging, any target will do.
         self.per_target = (policy.bucket is not None or policy.breaker is not None
-                           or policy.admission is not None or policy.rejoin)
+                           or policy.admission is not None or policy.rejoin
+                           or policy.hedge is not None)
 
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
-               idempotent: bool) -> tuple[_Call, float | None, int, str] | _Call:
+               idempotent: bool,
+               hedging: bool = False) -> tuple[_Call, float | None, int, str] | _Call:
         """Set a call up; with the fast path open, also the first attempt's limit, held budget and
-        header."""
+        header. ``hedging``: the shell can race a hedge (async); if this call may hedge now, one
+        is reserved for it before the first attempt holds the rest (``call.race``)."""
         now = self.clock()
         call = _Call(self, exchange, target, idempotent, now)
         if self._guarded or not fits(self.policy.retry, call.tab.deadline, now):
@@ -401,13 +412,23 @@ class Caller:
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
                                               call.tab.deadline, now, call.joins)
         account = call.tab.account
+        reserved = 0
+        hedged = (hedging and self._hedgers is not None and (idempotent or call.joins)
+                  and callable(getattr(exchange, "fork", None)))
+        if hedged:  # it earns its share of a hedge token, and learns its latency, in any case
+            call.delay = cast(Hedgers, self._hedgers).plan(target, now)
+            if call.delay is not None:  # one reserved for the hedge (none left: no hedge)
+                reserved = account.hold(1)
+                call.delay = call.delay if reserved else None
         held = account.hold(account.left)  # what RetryState.forward() holds
+        if hedged:
+            call.race = Race(account, held, reserved)
         tab = call.tab  # the limit already holds the deadline: what question_header sends
         try:
             header = format_question(tab.key, tab.origin, tab.edge, held, forwarded, call.first,
                                      tab.sig)
         except BaseException:  # nothing was sent (a key minter failed): give back what was held
-            account.release(held)
+            account.release(held + reserved)
             raise
         return call, limit, held, header
 
@@ -456,10 +477,20 @@ class Caller:
         import asyncio  # only for async clients: `import askonce.client` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
-        started = self._start(exchange, target, idempotent)
-        held, first, response = 0, None, None
+        started = self._start(exchange, target, idempotent, hedging=True)
+        held, first, response, tries = 0, None, None, 1
         if type(started) is _Call:
             call = started
+        elif (race_ := cast(tuple[_Call, float | None, int, str], started)[0].race) is not None:
+            call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
+            first, held = await self._hedged(call, race_, exchange, limit, header)
+            response = first.response
+            if first.fatal:
+                raise first.error  # type: ignore[misc]
+            if first.failure is None:
+                settle(call.tab.account, held, ANSWERED, first.reply)
+                return cast(R, first.response)
+            tries = 2 if race_.fired else 1
         else:
             call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
             try:
@@ -475,7 +506,7 @@ class Caller:
                 if first.failure is None:
                     settle(call.tab.account, held, ANSWERED, first.reply)
                     return response
-        state, run = call.loop(self, held, first, sleep)
+        state, run = call.loop(self, held, first, sleep, tries)
         async for attempt in run:
             sent = call.header(self, state, attempt)
             if type(sent) is Tried:
@@ -492,3 +523,45 @@ class Caller:
             else:
                 await attempt.areport(_answered(exchange, response, call))
         return cast(R, response)
+
+    async def _hedged(self, call: _Call, state: Race, exchange: AsyncExchange[R],
+                      limit: float | None, header: str) -> tuple[Tried, int]:
+        """A first attempt that may hedge: the race (:func:`askonce.client.hedging.race`), then
+        what the call goes on with, and what is still held for it. The hedge is this layer's
+        second try (hop ``layer:2``), with the question's key and deadline and no budget."""
+        hedgers, target, tab = cast(Hedgers, self._hedgers), call.target, call.tab
+        tries: dict[int, AsyncExchange[R]] = {FIRST: exchange}
+        sent = self.clock()
+
+        def hedge() -> Any:
+            now = self.clock()
+            fork: AsyncExchange[R] | None = getattr(exchange, "fork")()  # noqa: B009
+            if (fork is None or not fits(self.policy.retry, tab.deadline, now)
+                    or (call.admission is not None
+                        and not call.admission.admit(now, self.random()))
+                    or not hedgers.take(target, now)):
+                return None
+            wait = call.limit(self.policy, now)
+            forwarded, _ = attempt_window(wait, self.policy.deadline_grace, tab.deadline, now,
+                                          call.joins)
+            line = format_question(tab.key, tab.origin, tab.edge, 0, forwarded,
+                                   (*call.path, self._hedge_hop), tab.sig)
+            state.fire()
+            _stats.count("client.hedged")
+            tries[HEDGE] = fork
+            return fork.send(line, wait)
+
+        def judge(which: int, response: Any, error: BaseException | None) -> Tried:
+            one = tries[which]
+            tried = (_raised(one, error, call) if error is not None
+                     else _answered(one, response, call))
+            _heard(self, call, tried)
+            hedgers.heard(target, self.clock(), tried.reply)
+            return tried
+
+        which, tried = await race(state, exchange.send(header, limit), call.delay, hedge, judge,
+                                  exchange.discard)
+        held = state.settle(which)
+        if tried.failure is None:
+            hedgers.observe(target, self.clock() - sent)
+        return tried, held

@@ -21,6 +21,7 @@ from askonce.core import is_int, is_real
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
+from askonce.core.hedge import HedgePolicy
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure, RetryPolicy
 from askonce.core.verdict import health
 from askonce.core.wire import REPLY_HEADER, Reply, valid_name
@@ -62,6 +63,11 @@ class ClientPolicy:
     framework's own timeout) is retried as a re-attach to the work in flight there
     (``core.retry.RetryState.on_failure``), unsafe methods too; toward any other target a timed-out
     try stays lost.
+    ``hedge`` (off by default): the async clients send an idempotent call's first try (or any
+    call's, toward a target that joins) again if it has not answered after a delay (fixed, or the
+    target's learned latency percentile), the first answer winning; the hedge costs one from the
+    question's budget, forwards none, and is throttled to a few percent of calls
+    (:class:`~askonce.core.hedge.HedgePolicy`; docs/integrations-clients.md, "Hedging").
     """
 
     layer: str = "client"
@@ -79,6 +85,7 @@ class ClientPolicy:
     max_discard: int = 65_536
     deadline_grace: float = 0.0
     rejoin: bool = True
+    hedge: HedgePolicy | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not valid_name(self.layer):
@@ -86,7 +93,8 @@ class ClientPolicy:
                 f"layer must be a name like 'api' or 'billing-client', got {self.layer!r}")
         for name, kinds in (("retry", RetryPolicy), ("bucket", (BucketPolicy, type(None))),
                             ("breaker", (BreakerPolicy, type(None))),
-                            ("admission", (AdmissionPolicy, type(None)))):
+                            ("admission", (AdmissionPolicy, type(None))),
+                            ("hedge", (HedgePolicy, type(None)))):
             if not isinstance(getattr(self, name), kinds):
                 raise ValueError(f"{name} must be {name.capitalize()}Policy(...) or None, "
                                  f"got {getattr(self, name)!r}")

@@ -12,6 +12,8 @@ allows, and returns the last response when it gives up (``response.askonce_reply
 attempt's timeouts (``request.extensions["timeout"]``, set by the client) are capped by the policy's
 ``attempt_timeout`` and by the question's remaining time. A request whose body cannot be replayed (a
 generator) is treated as non-idempotent: it is repeated only when the connection was refused.
+With ``ClientPolicy(hedge=HedgePolicy())`` the async transport hedges slow calls (a copy of the
+request, sent after a delay; the first answer wins, the other is cancelled); the sync one does not.
 
 The per-target key of buckets and breakers is scheme, host and port unless ``target=`` says
 otherwise.
@@ -140,6 +142,20 @@ class _Exchange(_Attempts):
 
 class _AsyncExchange(_Attempts):
     __slots__ = ()
+
+    def fork(self) -> _AsyncExchange | None:
+        """An exchange of its own for a hedge (``ClientPolicy.hedge``): a copy of the request, as
+        it came, since each attempt writes its own header and timeouts into the request it sends;
+        ``None`` for a body that cannot be sent twice."""
+        request = self.request
+        if not isinstance(request.stream, httpx.ByteStream):
+            return None
+        copy = httpx.Request(request.method, request.url, headers=request.headers.copy(),
+                             stream=request.stream, extensions=dict(request.extensions))
+        fork = _AsyncExchange(copy, self._policy, self._wrapped)
+        # The timeouts as they came (a capped copy is capped afresh for the hedge's limit).
+        fork._timeouts, fork.timeout, fork._capped = self._timeouts, self.timeout, self._capped
+        return fork
 
     async def send(self, header: str, timeout: float | None) -> httpx.Response:
         wrapped: httpx.AsyncBaseTransport = self._wrapped
