@@ -41,8 +41,9 @@ class HedgePolicy:
     ``percentile`` latency, learned from its last ``window`` answers (recomputed every ``every``),
     and no hedge before ``min_samples`` of them. ``min_delay``: the shortest wait ever used.
     ``max_share``: the hedges' share of calls at most (each call earns that much of a token, a
-    hedge spends one, at most ``burst`` are banked; a new target's hedger starts with one). ``pause``: seconds without hedges to a target
-    after it answered do-not-retry for overload without a pushback of its own.
+    hedge spends one, at most ``burst`` are banked; a new target's hedger starts with one).
+    ``pause``: seconds without hedges to a target after it answered do-not-retry for overload
+    without a pushback of its own. One hedge per call at most (gRPC's ``maxAttempts`` 2).
     """
 
     delay: float | None = None

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-SCENARIO_NAMES = ("depth", "transient", "clients", "overload", "slow", "jitter")
+SCENARIO_NAMES = ("depth", "transient", "clients", "overload", "slow", "jitter", "tail")
 QUICK = 0.1  # --quick: this share of each scenario's duration
 
 

@@ -32,7 +32,15 @@ from askonce.core.bucket import TokenBucket
 from askonce.core.concurrency import Limiter
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
-from askonce.core.retry import ANSWERED, LOST, Attempt, Failure, RetryPolicy, RetryState
+from askonce.core.retry import (
+    ANSWERED,
+    LOST,
+    Attempt,
+    Failure,
+    RetryPolicy,
+    RetryState,
+    attempt_window,
+)
 from askonce.core.verdict import health
 from askonce.core.wire import (
     MAX_BUDGET,
@@ -45,6 +53,7 @@ from askonce.core.wire import (
 )
 from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: no drift on the fast path
 from askonce.sim.engine import Engine
+from askonce.sim.hedging import Hedging
 from askonce.sim.world import Policy, Stats, World
 
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
@@ -166,6 +175,16 @@ class Sim:
         self.limiter = (Limiter(policy.concurrency) if policy.concurrency is not None
                         and policy.propagate and not world.contention else None)
         self._on_expire = self.on_expire
+        self.hedging = self._hedging()
+
+    def _hedging(self) -> Hedging | None:
+        """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
+        layer is the client, as each client process keeps its own)."""
+        p, w = self.policy, self.world
+        if p.hedge is None or not p.propagate:
+            return None
+        return Hedging(p.hedge, self.layers[-1].name, w.clients if w.depth == 1 else 1,
+                       self._send_hedge, self._drive, self.engine.at, self._clock)
 
     def _build(self) -> list[Layer]:
         w, p = self.world, self.policy
@@ -244,6 +263,8 @@ class Sim:
         now = self.engine.now
         if c.layer is None:
             self._target_arrive(c, now)
+            if c.asked.live == 0:  # its caller had already finished (a hedge that lost, in flight)
+                self.stats.close(c.asked)
         elif self._propagate:
             tab, path = self._receive(c, now)
             if self._join and self._joined(c.layer.name, c, tab.left, now):
@@ -305,6 +326,7 @@ class Sim:
         # own, the question's deadline only.
         rejoins = self._rejoins(c)
         timeout = None if rejoins else self._timeout
+        delay = None if self.hedging is None else self.hedging.plan(c, act.number, now)
         if self._propagate:
             child.budget = c.state.forward()
             deadline = c.tab.deadline
@@ -321,20 +343,45 @@ class Sim:
         self.engine.at(now + self._latency, self._on_arrive, child)
         if timeout is not None:
             self.engine.at(now + timeout, self._on_timeout, child)
+        if self.hedging is not None:
+            self.hedging.started(c, child, delay, now)
+
+    def _send_hedge(self, c: Call, now: float) -> Call:
+        """``c``'s hedge (``sim.hedging``): its layer's second try of the question, forwarding no
+        budget, with the first try's patience."""
+        layer = c.layer
+        assert layer is not None
+        child = Call(c.asked, layer.nxt, c)
+        deadline, timeout = c.tab.deadline, self._timeout
+        rem = None if deadline is None else deadline - now
+        if timeout is not None and (rem is None or timeout < rem):
+            rem = timeout
+        child.remaining = attempt_window(rem, self.policy.grace, deadline, now)[0]
+        child.path = (*c.path, Hop(layer.name, 2))
+        c.asked.live += 1
+        self.engine.at(now + self._latency, self._on_arrive, child)
+        if timeout is not None:
+            self.engine.at(now + timeout, self._on_timeout, child)
+        return child
+
+    def _tried(self, child: Call) -> Tried:
+        """What an answered attempt came to, as its caller judges it."""
+        reply = self._carry(child.reply) if self._propagate else None
+        if child.ok:
+            return Tried(None, True, reply, ANSWERED)
+        return (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
+                                                     health(True, reply), reply, ANSWERED))
 
     def on_reply(self, child: Call) -> None:
         c = child.parent
         assert c is not None
+        if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child),
+                                                             self.engine.now):
+            return
         if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
             return
         c.out = None
-        reply = self._carry(child.reply) if self._propagate else None
-        if child.ok:
-            tried = Tried(None, True, reply, ANSWERED)
-        else:
-            tried = (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
-                                                          health(True, reply), reply, ANSWERED))
-        self._drive(c, tried, self.engine.now)
+        self._drive(c, self._tried(child), self.engine.now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
         """A reply as the caller reads it off the wire."""
@@ -353,10 +400,13 @@ class Sim:
     def on_timeout(self, child: Call) -> None:
         c = child.parent
         assert c is not None
+        lost = _REJOINABLE if self._rejoins(c) else _TIMED_OUT
+        if self.hedging is not None and self.hedging.outcome(c, child, lost, self.engine.now):
+            return
         if c.out is not child:
             return
         c.out = None
-        self._drive(c, _REJOINABLE if self._rejoins(c) else _TIMED_OUT, self.engine.now)
+        self._drive(c, lost, self.engine.now)
 
     def _rejoins(self, c: Call) -> bool:
         """Does ``c``'s hop re-attach a timed-out try (its callee joins)?"""
@@ -519,6 +569,8 @@ class Sim:
         w = self.world
         if w.slow_share > 0 and self.rng.random() < w.slow_share:
             return w.slow_time
+        if w.spread > 0:
+            return w.service * (1 + w.spread * (2 * self.rng.random() - 1))
         return w.service
 
     def on_done(self, job: Call) -> None:

@@ -75,6 +75,12 @@ COLUMNS: dict[str, list[Column]] = {
         ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
         ("wasted", 7, lambda r: _pct(r.wasted_fraction, 0)),
     ],
+    "tail": [
+        ("N", 3, lambda r: str(r.params["depth"])),
+        _POLICY, *_A, _LOAD, _SUCCESS,
+        ("p50 ms", 7, lambda r: _int(r.latency_p50_ms)),
+        ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
+    ],
     "jitter": [
         _POLICY,
         ("calls", 7, lambda r: str(r.arrivals)),
@@ -95,6 +101,8 @@ TITLES = {
                 "the reduced capacity could answer",
     "slow": "E11 a slow tail longer than every timeout: success, A, and the target's work wasted",
     "jitter": "E6 synchronised retries: calls and time until every client has written",
+    "tail": "E12 a latency tail (2 % of arrivals take 20x the median): latency of successes, A, "
+            "load = arrivals per question asked",
 }
 
 

@@ -16,6 +16,8 @@ Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns th
   the propagated deadline. Layer 1's bucket and breaker are shared by the whole client fleet
   (``shared``), as with the Redis store; so is the admission controller when layer 1 is the layer
   nearest the target (depth 1).
+* ``askonce-hedge`` - askonce, and the layer nearest the target hedges slow first tries
+  (``Knobs.hedge``, the library's default ``HedgePolicy``: ``ClientPolicy.hedge``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.core.concurrency import ConcurrencyPolicy
+from askonce.core.hedge import HedgePolicy
 from askonce.sim.model import Sim
 from askonce.sim.world import Policy, Stats, World
 
@@ -64,6 +67,8 @@ class Knobs:
     join: bool = False  # askonce: every layer and the target join (asgi_join, wsgi_join)
     # askonce: the target's adaptive concurrency limit (None: off)
     concurrency: ConcurrencyPolicy | None = field(default_factory=ConcurrencyPolicy)
+    # askonce-hedge: the hedging of the layer nearest the target
+    hedge: HedgePolicy = field(default_factory=HedgePolicy)
 
 
 def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
@@ -80,14 +85,15 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, backoff=k.backoff, bucket=k.baseline_bucket)
     if name == "breaker":
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
-    if name in ("askonce", "askonce-join"):
+    if name in ("askonce", "askonce-join", "askonce-hedge"):
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
                       bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
                       breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
                       grace=k.grace, join=k.join or name == "askonce-join",
-                      edge_rejoins=name == "askonce-join", concurrency=k.concurrency)
-    raise ValueError(f"unknown policy {name!r}; "
-                     f"known: {', '.join((*POLICIES, *JITTER_POLICIES[:2]))}")
+                      edge_rejoins=name == "askonce-join", concurrency=k.concurrency,
+                      hedge=k.hedge if name == "askonce-hedge" else None)
+    raise ValueError(f"unknown policy {name!r}; known: "
+                     f"{', '.join((*POLICIES, *JITTER_POLICIES[:2], 'askonce-hedge'))}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,8 +367,31 @@ def jitter(*, clients: int = 100, policies: Sequence[str] = JITTER_POLICIES, see
     return rows
 
 
+def tail(*, depths: Sequence[int] = (1, 3), policies: Sequence[str] = (
+        "no-retry", "naive", "askonce", "askonce-hedge"), seed: int = 1, clients: int = 10,
+        rate: float = 1000.0, duration: float = 20.0, service: float = 0.01, spread: float = 0.5,
+        slow_share: float = 0.02, slow_factor: float = 20.0, timeout: float = 1.0,
+        deadline: float = 3.0, knobs: Knobs = Knobs(),
+        progress: Progress | None = None) -> list[Row]:
+    """E12: a latency tail at the target: ``slow_share`` of arrivals take ``slow_factor`` times the
+    median work ``service`` (the others ``service`` x 1 -/+ ``spread``), nothing fails, and every
+    per-attempt ``timeout`` is longer than the tail, so no layer retries it. ``askonce-hedge``: the
+    layer nearest the target sends a hedge after its learned latency percentile."""
+    rows: list[Row] = []
+    for d in depths:
+        world = World(depth=d, clients=clients, rate=rate, duration=duration, deadline=deadline,
+                      timeout=timeout, service=service, spread=spread, slow_share=slow_share,
+                      slow_time=slow_factor * service, settle=0.0)
+        for name in policies:
+            _emit(rows, run_one("tail", name, world, knobs, seed,
+                                {"depth": d, "slow_share": slow_share,
+                                 "slow_factor": slow_factor}), progress)
+    return rows
+
+
 SCENARIOS: dict[str, Callable[..., list[Row]]] = {
     "depth": depth, "transient": transient, "clients": clients, "overload": overload,
     "slow": slow,
     "jitter": jitter,
+    "tail": tail,
 }

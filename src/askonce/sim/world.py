@@ -14,6 +14,7 @@ from askonce.core.backoff import Backoff
 from askonce.core.breaker import BreakerPolicy
 from askonce.core.bucket import BucketPolicy
 from askonce.core.concurrency import ConcurrencyPolicy
+from askonce.core.hedge import HedgePolicy
 from askonce.core.wire import MAX_ATTEMPT, MAX_BUDGET, MAX_HOPS, Limits, valid_name
 
 
@@ -37,6 +38,8 @@ class Policy:
     grace: float = 0.0  # ClientPolicy.deadline_grace of the propagating layers (0: off)
     join: bool = False  # layers and target join a repeated question; timed-out tries re-attach
     edge_rejoins: bool = False  # with join: layer 1 (the client) re-attaches too
+    # with propagate: the layer nearest the target hedges slow first tries (ClientPolicy.hedge)
+    hedge: HedgePolicy | None = None
 
     def __post_init__(self) -> None:
         if not valid_name(self.name):
@@ -47,6 +50,10 @@ class Policy:
             raise ValueError(f"budget must be within 0..{MAX_BUDGET}, got {self.budget!r}")
         if not 0 <= self.grace <= 10:
             raise ValueError(f"grace must be within 0..10 s, got {self.grace!r}")
+        if self.hedge is not None and not (isinstance(self.hedge, HedgePolicy)
+                                           and self.propagate):
+            raise ValueError(f"hedge must be a HedgePolicy, with propagate=True, "
+                             f"got {self.hedge!r}")
 
 
 # Per run (rate x duration): beyond it a run takes hours and memory without end.
@@ -68,6 +75,7 @@ class World:
     service: float = 0.01  # the target's work per arrival
     slow_share: float = 0.0  # each arrival's work takes slow_time instead, with this probability
     slow_time: float = 0.0
+    spread: float = 0.0  # the other arrivals' work is service x a uniform draw in 1 -/+ spread
     servers: int | None = None  # None: the target serves every arrival at once; else a FIFO queue
     error_rate: float = 0.0  # each arrival fails independently with this probability
     outage: tuple[float, float] | None = None  # every arrival in [start, end) fails
@@ -98,6 +106,8 @@ class World:
         if not 0 <= self.slow_share <= 1 or not 0 <= self.slow_time < float("inf"):
             raise ValueError(f"slow_share must be within 0..1 and slow_time a finite number >= 0, "
                              f"got {self.slow_share!r}, {self.slow_time!r}")
+        if not 0 <= self.spread < 1:
+            raise ValueError(f"spread must be within [0, 1), got {self.spread!r}")
         if not 0 <= self.error_rate <= 1:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
         if self.cut is not None and not (self.cut[0] <= self.cut[1] and 0 < self.cut[2] <= 1):
