@@ -254,5 +254,5 @@ def test_the_sync_call_never_hedges() -> None:
 
 @pytest.mark.parametrize("hedge", [0.1, "yes", True])
 def test_the_policy_wants_a_hedge_policy(hedge: object) -> None:
-    with pytest.raises(ValueError, match="^hedge must be HedgePolicy"):
+    with pytest.raises(ValueError, match=r"^hedge must be HedgePolicy"):
         ClientPolicy(hedge=hedge)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from askonce.core.hedge import FIRST, HEDGE, Hedger, HedgePolicy, Race, wins
+from askonce.core.hedge import FIRST, HEDGE, HedgePolicy, Hedger, Race, wins
 from askonce.core.question import Account
 from askonce.core.retry import ANSWERED, LOST, REFUSED, Failure
 from askonce.core.wire import Reply
@@ -22,7 +22,7 @@ from askonce.core.wire import Reply
     {"window": 10, "min_samples": 20},
 ])
 def test_policy_refuses_what_makes_no_sense(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match="^hedge ") as err:
+    with pytest.raises(ValueError, match=r"^hedge ") as err:
         HedgePolicy(**kwargs)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
 

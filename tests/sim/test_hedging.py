@@ -47,5 +47,5 @@ def test_without_budget_nothing_is_hedged() -> None:
 
 
 def test_hedging_needs_the_question_to_travel() -> None:
-    with pytest.raises(ValueError, match="^hedge must be a HedgePolicy, with propagate=True"):
+    with pytest.raises(ValueError, match=r"^hedge must be a HedgePolicy, with propagate=True"):
         Policy("naive", hedge=HedgePolicy())

@@ -64,7 +64,7 @@ from askonce.client.policy import (
 )
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy
-from askonce.core.hedge import FIRST, HEDGE, Race
+from askonce.core.hedge import FIRST, HEDGE, HedgePolicy, Race
 from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
     ANSWERED,
@@ -96,6 +96,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_RETRY",
     "Exchange",
+    "HedgePolicy",
     "IDEMPOTENT_METHODS",
     "LOST_OUTCOME",
     "MAX_RETRY_AFTER",
