@@ -13,14 +13,16 @@ the call's loop is driven with that try's outcome, as the attempt's own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from askonce.core.hedge import FIRST, HEDGE, HedgePolicy, Hedger, Race
 from askonce.core.retry import fits
 
 if TYPE_CHECKING:
     from askonce._loop import Tried
-    from askonce.sim.model import Call
+
+# askonce.sim.model.Call, which imports this module (an arrow back would be a circle).
+Call = Any
 
 
 class _Hedged:
