@@ -148,13 +148,16 @@ def test_the_capacity_schedule(t: float, factor: float) -> None:
 def test_scenario_parameters_hold_together() -> None:
     for quick in (False, True):
         s = scenarios(quick)
-        assert list(s) == ["outage", "transient", "slow", "overload"]
+        assert list(s) == ["outage", "transient", "slow", "tail", "overload"]
         o = s["overload"]
         assert o.trigger is not None and o.trigger.factor == 0.2
         assert o.rate == pytest.approx(0.8 * o.target.slots / o.target.service_time)  # load 0.8 of capacity
         assert o.deadline == 3.0 and o.edge_timeout == 1.0 and o.edge_attempts == 4
         assert o.trigger.end + o.window <= o.duration  # at least one recovery window fits
         assert s["slow"].target.slow_time > s["slow"].layer_timeout  # slow calls outlast the timeout
+        t = s["tail"]  # 2 % take 20x the median, no timeout that short, a target that does not join
+        assert t.target.slow_time == 20 * t.target.service_time and t.target.slow_share == 0.02
+        assert t.target.slow_time < min(t.layer_timeout, t.deadline) and t.hedge and not t.join
     assert scenarios()["overload"].trigger.length == 10.0  # type: ignore[union-attr]
 
 
@@ -163,7 +166,7 @@ def test_every_run_has_the_one_stack_to_itself() -> None:
     for quick in (False, True):
         (plan,) = lanes(scenarios(quick))
         assert [(s.name, p) for s, p in plan] == [
-            *((n, p) for n in ("outage", "transient", "slow") for p in ("naive", "askonce")),
+            *((n, p) for n in ("outage", "transient", "slow", "tail") for p in ("naive", "askonce")),
             ("overload", "no-retry"), ("overload", "askonce"), ("overload", "naive")]
 
 
@@ -305,8 +308,8 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)  # stdout holds the JSON and nothing else
     rows = {(r["scenario"], r["policy"]): r for r in doc["scenarios"]}
-    assert set(rows) == {(s, p) for s in ("outage", "transient", "slow") for p in ("naive", "askonce")} | {
-        ("overload", p) for p in ("no-retry", "naive", "askonce")}
+    assert set(rows) == {(s, p) for s in ("outage", "transient", "slow", "tail")
+                         for p in ("naive", "askonce")} | {("overload", p) for p in ("no-retry", "naive", "askonce")}
     for r in doc["scenarios"]:
         assert isinstance(r["questions"], int) and r["questions"] > 0
         assert set(r["arrivals_per_question"]) >= {"mean", "p99", "max"}

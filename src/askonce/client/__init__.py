@@ -46,7 +46,7 @@ from askonce._replies import (
     replies,
     stop_recording,
 )
-from askonce.client.hedging import Hedgers, race
+from askonce.client.hedging import Hedgers, hedgers_for, race
 from askonce.client.policy import (
     DEFAULT_RETRY,
     IDEMPOTENT_METHODS,
@@ -387,7 +387,7 @@ class Caller:
         self._first = (Hop(policy.layer, 1),)
         self._hedge_hop = Hop(policy.layer, 2)
         self._joiners = JOINERS if policy.rejoin else None
-        self._hedgers = None if policy.hedge is None else Hedgers(policy.hedge)
+        self._hedgers = None if policy.hedge is None else hedgers_for(policy.hedge)
         # Without a bucket, a breaker, admission, rejoining or hedging, any target will do.
         self.per_target = (policy.bucket is not None or policy.breaker is not None
                            or policy.admission is not None or policy.rejoin

@@ -26,11 +26,12 @@ if TYPE_CHECKING:
 
     from askonce._loop import Tried
 
-__all__ = ["Hedgers", "race"]
+__all__ = ["Hedgers", "hedgers_for", "race"]
 
 
 class Hedgers:
-    """The hedgers of one :class:`~askonce.client.Caller`, by target, at most ``limit``."""
+    """Hedgers by target, at most ``limit``; one per hedge policy in a process
+    (:func:`hedgers_for`), shared by every :class:`~askonce.client.Caller` with that policy."""
 
     __slots__ = ("_by_target", "_lock", "limit", "policy")
 
@@ -67,6 +68,25 @@ class Hedgers:
         if reply is not None and (reply.pushback is not None or reply.dnr):
             with self._lock:
                 self._get(target).heard(now, reply)
+
+
+# The process's hedgers, one per policy: every client (transport, pool) with the same policy learns
+# a target's latency together and shares its hedge tokens. Bounded: past it a policy gets hedgers
+# of its own.
+_SHARED: dict[HedgePolicy, Hedgers] = {}
+_SHARED_LOCK = threading.Lock()
+MAX_POLICIES = 64
+
+
+def hedgers_for(policy: HedgePolicy) -> Hedgers:
+    """The hedgers of ``policy`` in this process (:class:`Hedgers`)."""
+    with _SHARED_LOCK:
+        hedgers = _SHARED.get(policy)
+        if hedgers is None:
+            hedgers = Hedgers(policy)
+            if len(_SHARED) < MAX_POLICIES:
+                _SHARED[policy] = hedgers
+        return hedgers
 
 
 Judge = Callable[[int, Any, "BaseException | None"], "Tried"]

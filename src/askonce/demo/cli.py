@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("outage", "transient", "slow", "overload")
+SCENARIOS = ("outage", "transient", "slow", "tail", "overload")
 # askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module.
 DEMO_BUDGET = 3
 QUESTIONS, DEPTH = 1000, 3  # --in-process
@@ -72,7 +72,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "askonce, and compare what the target saw. Writes an HTML report with plots.",
     )
     p.add_argument("--quick", action="store_true",
-                   help="smaller, shorter scenarios: under a minute (the full run takes about 2 minutes)")
+                   help="smaller, shorter scenarios: under a minute (a full run: about 2 minutes)")
     p.add_argument("--json", action="store_true",
                    help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--out", type=Path, metavar="DIR",

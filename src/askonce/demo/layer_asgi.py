@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 import askonce
-from askonce.client import ClientPolicy
+from askonce.client import ClientPolicy, HedgePolicy
 from askonce.core.backoff import Backoff
 from askonce.core.retry import RetryPolicy
 from askonce.demo import child, naive
@@ -90,6 +90,7 @@ class Layer:
                                                       settings.backoff_base))),
             attempt_timeout=settings.timeout, deadline_grace=settings.grace,
             breaker=DEMO_BREAKER if settings.breaker else None,
+            hedge=HedgePolicy() if settings.hedge else None,
         )  # fmt: skip
         for _ in range(POOLS):
             if settings.mode == "askonce":

@@ -252,6 +252,16 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             mine >= theirs - 0.005 and a["max"] is not None and a["max"] <= bound,
             f"askonce {100 * mine:.2f}% (max {a['max']}, mean {fmt(a['mean'])}), "
             f"no-retry {100 * theirs:.2f}%", "askonce", "no-retry")
+    naive, ask = by.get(("tail", "naive")), by.get(("tail", "askonce"))
+    if naive is not None and ask is not None:
+        mine, theirs = ask["latency_ms"]["p99"], naive["latency_ms"]["p99"]
+        mean = ask["arrivals_per_question"]["mean"]
+        add("tail: hedged askonce's p99 latency at most a fifth of naive's, at <= 1.05 arrivals "
+            "per question",
+            mine is not None and theirs is not None and mean is not None
+            and mine * 5 <= theirs and mean <= 1.05,
+            f"p99 askonce {fmt(mine, '.0f')} ms, naive {fmt(theirs, '.0f')} ms; "
+            f"askonce {fmt(mean)} arrivals per question", "askonce", "naive")
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 
     def when(row: dict[str, Any] | None) -> str:

@@ -19,7 +19,7 @@ from askonce.core.question import mint_key
 
 Mode = Literal["naive", "askonce"]
 POLICIES = ("no-retry", "naive", "askonce")
-SCENARIOS = ("outage", "transient", "slow", "overload")
+SCENARIOS = ("outage", "transient", "slow", "tail", "overload")
 FAILURES = ("none", "outage", "transient", "slow")
 # httpx's own default: the middle layers' per-attempt timeout unless a scenario says otherwise.
 DEFAULT_TIMEOUT = 5.0
@@ -85,10 +85,12 @@ class LayerSettings:
     redis: str | None = None
     prefix: str = "askonce-demo"
     join: bool = True
+    hedge: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
         _check(type(self.join) is bool, "join must be true or false", self.join)
+        _check(type(self.hedge) is bool, "hedge must be true or false", self.hedge)
         _check(isinstance(self.downstream, str), "downstream must be a URL", self.downstream)
         _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10",
                self.grace)
@@ -243,6 +245,7 @@ class Scenario:
     grace: float = DEMO_GRACE  # the askonce clients' deadline_grace
     join: bool = True  # askonce layers and the target join repeated arrivals of a question
     breaker: bool = False  # askonce: DEMO_BREAKER on the layer nearest the target (--breaker)
+    hedge: bool = False  # askonce: the layer nearest the target hedges (ClientPolicy.hedge)
     note: str = ""
 
 
@@ -278,6 +281,15 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             target=TargetSettings(failure="slow", slow_share=0.1, slow_time=2.0,
                                   service_time=0.02, slots=64, seed=seed),
             note="10% of arrivals take 2 s; every layer's per-attempt timeout is 1 s"),
+        "tail": Scenario(
+            # 1,000 questions: the service learns its callee's latency from its first 100 answers
+            # (HedgePolicy.min_samples) and hedges from then on.
+            "tail", rate=100.0, duration=2.0 if q else 10.0,
+            target=TargetSettings(failure="slow", slow_share=0.02, slow_time=1.0,
+                                  service_time=0.05, slots=64, seed=seed),
+            hedge=True, join=False,
+            note="2% of arrivals take 20x the median (1 s against 50 ms); no timeout is that "
+                 "short; askonce: the service hedges after its learned 97th percentile"),
         "overload": Scenario(
             "overload", rate=64.0, duration=before + cut + after,
             target=TargetSettings(slots=8, service_time=0.1, seed=seed, concurrency=True),
@@ -296,7 +308,9 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             note=f"{100 * rate:g}% of arrivals fail at once (independent seeded draws)")
     if not (_number(grace) and 0 <= grace <= 10):
         raise ValueError(f"grace must be seconds within 0..10, got {grace!r}")
-    return {name: replace(s, budget=budget, grace=grace, join=join, breaker=breaker)
+    # The tail's target does not join: a hedge to a callee that joins would wait for the slow run
+    # it is meant to overtake (hedging helps where the delay is on the way, or in one replica).
+    return {name: replace(s, budget=budget, grace=grace, join=join and s.join, breaker=breaker)
             for name, s in out.items()}
 
 

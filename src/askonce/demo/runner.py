@@ -71,6 +71,7 @@ class Runner:
                 timeout=scenario.layer_timeout, grace=scenario.grace, join=scenario.join,
                 # The layer nearest the target; every askonce layer has adaptive admission.
                 breaker=scenario.breaker and policy == "askonce" and name == "service",
+                hedge=scenario.hedge and policy == "askonce" and name == "service",
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),
             )  # fmt: skip
         return out

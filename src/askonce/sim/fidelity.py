@@ -46,6 +46,7 @@ from askonce._loop import Tried
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
 from askonce.core.concurrency import ConcurrencyPolicy
+from askonce.core.hedge import HedgePolicy
 from askonce.core.question import Account, Tab
 from askonce.core.retry import LOST, Failure
 from askonce.core.wire import MAX_BUDGET, Reply
@@ -106,7 +107,8 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
     # rejoins a gateway that joins (ClientPolicy.rejoin, the default).
     return dataclasses.replace(chosen, grace=scenario.grace, edge_rejoins=scenario.join,
                                concurrency=(ConcurrencyPolicy() if scenario.target.concurrency
-                                            else None))
+                                            else None),
+                               hedge=HedgePolicy() if scenario.hedge else None)
 
 
 def world_for(scenario: Scenario, *, latency: float = HOP_LATENCY) -> World:
