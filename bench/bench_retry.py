@@ -170,6 +170,11 @@ def scenarios() -> dict[str, dict[str, Case]]:
         if name == "askonce":
             out["sync success"]["askonce, question bound"] = Case(deco(ok), False, bound=True)
             out["async success"]["askonce, question bound"] = Case(deco(aok), True, bound=True)
+            # Without the default adaptive admission: the retry layer's own cost.
+            plain = askonce.retry(on=ON, attempts=ATTEMPTS, layer="bench", backoff=NO_WAIT,
+                                  admission=None)
+            out["sync success"]["askonce, admission=None"] = Case(plain(ok), False)
+            out["async success"]["askonce, admission=None"] = Case(plain(aok), True)
             for label, make in FLAKY_ASKONCE.items():
                 out["sync 2 fails + success"][label] = flaky_sync(make())
                 out["async 2 fails + success"][label] = flaky_async(make())
@@ -482,7 +487,8 @@ def run(rounds: int, sample_ms: float, profile: bool) -> str:
         loop.close()
     load_after = os.getloadavg()[0]
 
-    names = ["askonce", "askonce, question bound", "askonce, bucket=None", "tenacity", "stamina", "backoff"]
+    names = ["askonce", "askonce, question bound", "askonce, admission=None", "askonce, bucket=None", "tenacity",
+             "stamina", "backoff"]
     cols = list(results)
     head = ["| library | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     versions = (f"tenacity {_version('tenacity')}, stamina {_version('stamina')}, "
@@ -525,7 +531,8 @@ def run(rounds: int, sample_ms: float, profile: bool) -> str:
     control = sleeps[1][1] == sleeps[1][2] == "2"
     lines += ["", "| target (issue 2) | wall | CPU | result (wall / CPU) |", "|---|---:|---:|---|"]
     for scenario, target in (("sync success", TARGET_SYNC_US), ("async success", TARGET_ASYNC_US)):
-        for label, key in (("no question bound", "askonce"), ("question bound", "askonce, question bound")):
+        for label, key in (("no question bound", "askonce"), ("question bound", "askonce, question bound"),
+                           ("admission=None", "askonce, admission=None")):
             r = results[scenario][key]
             w, c = r.wall_over / 1000, r.cpu_over / 1000
             lines.append(f"| {scenario} overhead <= {target} µs, {label} | {w:.2f} µs | {c:.2f} µs "
