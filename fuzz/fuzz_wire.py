@@ -17,6 +17,7 @@ http-sfv's on the same bytes, and the invariants they must keep). Two engines ma
 Exit 0: no finding. Exit 1: a finding; the input is written to ``--crashes`` as ``crash-<sha1>``
 (libFuzzer's naming) and named on stderr; replay it with ``--replay FILE``. The last line of
 stdout is the summary: ``fuzz_wire: engine=... inputs=... seconds=... inputs/s=... ...``.
+``--self-test`` plants a finding (any input holding ``((``) to see the harness catch and report it.
 """
 
 from __future__ import annotations
@@ -120,6 +121,21 @@ def run_one(check: Check, data: bytes, max_ns: int) -> tuple[str, int]:
     return label, ns
 
 
+PLANTED = b"(("
+
+
+def planted(check: Check) -> Check:
+    """``check``, and a finding on any input holding :data:`PLANTED` (``--self-test``): no seed
+    holds it, so only a run that mutates its inputs and reports what it finds gets there."""
+
+    def with_plant(data: bytes) -> tuple[str, int]:
+        if PLANTED in data:
+            raise AssertionError(f"the planted finding: the input holds {PLANTED!r}")
+        return check(data)
+
+    return with_plant
+
+
 def summary(fields: dict[str, object]) -> str:
     return "fuzz_wire: " + " ".join(f"{k}={v}" for k, v in fields.items())
 
@@ -166,20 +182,21 @@ def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[byte
 # --- the atheris engine ---------------------------------------------------------------------------
 
 
-def _worker(inputs: int, max_ns: int, libfuzzer: list[str]) -> None:
+def _worker(inputs: int, max_ns: int, self_test: bool, libfuzzer: list[str]) -> None:
     """The child: instrument askonce and http-sfv as they are imported, then hand libFuzzer the
     check. After ``inputs`` inputs it prints the counts as one JSON line and ends itself."""
     import atheris  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
     with atheris.instrument_imports(include=["askonce", "http_sfv"]):
         import wire_oracle
+    check = planted(wire_oracle.check) if self_test else wire_oracle.check
     count = 0
     worst = 0
     start = time.perf_counter()
 
     def one(data: bytes) -> None:
         nonlocal count, worst
-        _, ns = run_one(wire_oracle.check, data, max_ns)
+        _, ns = run_one(check, data, max_ns)
         worst = max(worst, ns)
         count += 1
         if count >= inputs:
@@ -191,11 +208,13 @@ def _worker(inputs: int, max_ns: int, libfuzzer: list[str]) -> None:
     atheris.Fuzz()
 
 
-_COV = re.compile(rb"cov: (\d+) ft: (\d+) corp: (\d+)")
+_COV = re.compile(rb"^#(\d+)\s.*cov: (\d+) ft: (\d+) corp: (\d+)")
+_UNITS = re.compile(rb"^stat::number_of_executed_units: (\d+)")
+_RAISED = re.compile(rb"^\w*(?:Error|Finding|Exception): .*")
 
 
 def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: int, work: Path,
-                 timeout: int, verbose: bool) -> tuple[int, dict[str, object]]:
+                 timeout: int, verbose: bool, self_test: bool) -> tuple[int, dict[str, object]]:
     """Run the child; return the exit status and the summary's fields (coverage from its log)."""
     grown = work / "corpus"
     grown.mkdir(parents=True, exist_ok=True)
@@ -206,9 +225,10 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
                  f"-artifact_prefix={crashes}{os.sep}", "-print_final_stats=1", str(grown),
                  str(corpus)]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--inputs", str(inputs),
-           "--max-ms", str(max_ns / 1e6), "--", *libfuzzer]
+           "--max-ms", str(max_ns / 1e6), *(["--self-test"] if self_test else []), "--", *libfuzzer]
     start = time.perf_counter()
-    cov = (0, 0, 0)
+    cov = (0, 0, 0, 0)
+    raised = b""
     pipe = subprocess.PIPE
     with log.open("wb") as out, subprocess.Popen(cmd, stdout=pipe, stderr=pipe) as child:
         assert child.stderr is not None and child.stdout is not None
@@ -216,28 +236,38 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
             out.write(line)
             m = _COV.search(line)
             if m is not None:
-                cov = (int(m[1]), int(m[2]), int(m[3]))
+                cov = (int(m[1]), int(m[2]), int(m[3]), int(m[4]))
+            n = _UNITS.match(line)
+            if n is not None:
+                cov = (int(n[1]), *cov[1:])
             if verbose:
                 sys.stderr.buffer.write(line)
                 sys.stderr.flush()
-        lines = child.stdout.read().strip().splitlines()
+        lines = child.stdout.read().strip().splitlines()  # the traceback of a finding, or counts
+        out.write(b"".join(line + b"\n" for line in lines))
         last = lines[-1] if lines else b""
         rc = child.wait()
+    for line in lines:
+        e = _RAISED.match(line)
+        if e is not None:
+            raised = e[0]
     seconds = time.perf_counter() - start
     counts = json.loads(last) if rc == 0 and last.startswith(b"{") else None
     fields: dict[str, object] = {"engine": "atheris"}
     if counts is None:
         found = sorted((set(crashes.glob("crash-*")) | set(crashes.glob("timeout-*"))) - before)
-        print(f"fuzz_wire: libFuzzer stopped (exit {rc}); its log: {log}", file=sys.stderr)
+        print(f"fuzz_wire: libFuzzer stopped (exit {rc}) after {cov[0]} inputs: "
+              f"{raised.decode('utf-8', 'replace').strip()}\n  its log: {log}", file=sys.stderr)
         for path in found:
             print(f"  input written to {path}", file=sys.stderr)
-        fields.update({"seconds": f"{seconds:.1f}", "coverage": f"{cov[0]} edges {cov[1]} features",
-                       "corpus": cov[2], "findings": max(1, len(found))})
+        fields.update({"inputs": cov[0], "seconds": f"{seconds:.1f}",
+                       "coverage": f"{cov[1]} edges {cov[2]} features", "corpus": cov[3],
+                       "findings": max(1, len(found))})
         return 1, fields
     n = counts["inputs"]
     fields.update({"inputs": n, "seconds": f"{seconds:.1f}",
                    "inputs/s": f"{n / counts['seconds']:.0f}",
-                   "coverage": f"{cov[0]} edges {cov[1]} features", "corpus": cov[2],
+                   "coverage": f"{cov[1]} edges {cov[2]} features", "corpus": cov[3],
                    "worst_ms": f"{counts['worst_ns'] / 1e6:.2f}", "findings": 0})
     return 0, fields
 
@@ -276,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=10,
                     help="atheris: libFuzzer's per-input limit, seconds (10)")
     ap.add_argument("--replay", type=Path, help="check this one input and say what happened")
+    ap.add_argument("--self-test", action="store_true",
+                    help="plant a finding (an input holding '((') and see it reported: exit 1")
     ap.add_argument("-v", "--verbose", action="store_true", help="atheris: show libFuzzer's log")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -283,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--inputs, --max-ms and --timeout must be positive")
     max_ns = int(args.max_ms * 1e6)
     if args.worker:
-        _worker(args.inputs, max_ns, rest)
+        _worker(args.inputs, max_ns, args.self_test, rest)
         return 0
     if args.replay is not None:
         return replay(args.replay, max_ns)
@@ -297,13 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     if engine == "mutate":
         import wire_oracle
 
-        status, fields = fuzz_mutate(wire_oracle.check, args.inputs, seeds(args.corpus), tokens(),
+        check = planted(wire_oracle.check) if args.self_test else wire_oracle.check
+        status, fields = fuzz_mutate(check, args.inputs, seeds(args.corpus), tokens(),
                                      args.seed, args.crashes, max_ns)
     else:
         work = args.work or Path(tempfile.mkdtemp(prefix="askonce-fuzz-"))
         status, fields = fuzz_atheris(args.inputs, args.corpus.resolve(), args.seed,
                                       args.crashes.resolve(), max_ns, work.resolve(), args.timeout,
-                                      args.verbose)
+                                      args.verbose, args.self_test)
         if args.work is None and status == 0:  # a failed run keeps its log (named on stderr)
             shutil.rmtree(work, ignore_errors=True)
     print(summary(fields), flush=True)
