@@ -109,8 +109,8 @@ def record(data: bytes, crashes: Path) -> Path:
 
 
 def run_one(check: Check, data: bytes, max_ns: int) -> tuple[str, int]:
-    """``check(data)``, and a bound on askonce's time: an input over ``max_ns`` is measured again
-    (the machine may have been busy) and is a finding only if it is slow twice."""
+    """``check(data)``, and a bound on askonce's CPU time: an input over ``max_ns`` is measured
+    again (a cache, a collection may have run) and is a finding only if it is slow twice."""
     label, ns = check(data)
     if ns > max_ns:
         _, again = check(data)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="atheris: keep the corpus it grows and its log here "
                                               "(default: a temporary directory, removed)")
     ap.add_argument("--max-ms", type=float, default=100.0,
-                    help="askonce's parsers over this on one input, twice: a finding (100)")
+                    help="askonce's CPU ms on one input over this, twice: a finding (100)")
     ap.add_argument("--timeout", type=int, default=10,
                     help="atheris: libFuzzer's per-input limit, seconds (10)")
     ap.add_argument("--replay", type=Path, help="check this one input and say what happened")
