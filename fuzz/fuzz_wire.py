@@ -220,14 +220,14 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
     grown.mkdir(parents=True, exist_ok=True)
     crashes.mkdir(parents=True, exist_ok=True)
     log = work / "libfuzzer.log"
-    before = set(crashes.glob("crash-*")) | set(crashes.glob("timeout-*"))
+    before = set(crashes.iterdir())  # libFuzzer's artifacts: crash-, timeout-, oom-, slow-unit-
     libfuzzer = [f"-seed={seed}", f"-max_len={MAX_LEN}", f"-dict={DICT}", f"-timeout={timeout}",
                  f"-artifact_prefix={crashes}{os.sep}", "-print_final_stats=1", str(grown),
                  str(corpus)]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--inputs", str(inputs),
            "--max-ms", str(max_ns / 1e6), *(["--self-test"] if self_test else []), "--", *libfuzzer]
     start = time.perf_counter()
-    cov = (0, 0, 0, 0)
+    runs, edges, features, units = 0, 0, 0, 0  # the last of libFuzzer's status lines
     raised = b""
     pipe = subprocess.PIPE
     with log.open("wb") as out, subprocess.Popen(cmd, stdout=pipe, stderr=pipe) as child:
@@ -236,10 +236,10 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
             out.write(line)
             m = _COV.search(line)
             if m is not None:
-                cov = (int(m[1]), int(m[2]), int(m[3]), int(m[4]))
+                runs, edges, features, units = (int(g) for g in m.groups())
             n = _UNITS.match(line)
             if n is not None:
-                cov = (int(n[1]), *cov[1:])
+                runs = int(n[1])
             if verbose:
                 sys.stderr.buffer.write(line)
                 sys.stderr.flush()
@@ -255,19 +255,19 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
     counts = json.loads(last) if rc == 0 and last.startswith(b"{") else None
     fields: dict[str, object] = {"engine": "atheris"}
     if counts is None:
-        found = sorted((set(crashes.glob("crash-*")) | set(crashes.glob("timeout-*"))) - before)
-        print(f"fuzz_wire: libFuzzer stopped (exit {rc}) after {cov[0]} inputs: "
+        found = sorted(set(crashes.iterdir()) - before)
+        print(f"fuzz_wire: libFuzzer stopped (exit {rc}) after {runs} inputs: "
               f"{raised.decode('utf-8', 'replace').strip()}\n  its log: {log}", file=sys.stderr)
         for path in found:
             print(f"  input written to {path}", file=sys.stderr)
-        fields.update({"inputs": cov[0], "seconds": f"{seconds:.1f}",
-                       "coverage": f"{cov[1]} edges {cov[2]} features", "corpus": cov[3],
+        fields.update({"inputs": runs, "seconds": f"{seconds:.1f}",
+                       "coverage": f"{edges} edges {features} features", "corpus": units,
                        "findings": max(1, len(found))})
         return 1, fields
     n = counts["inputs"]
     fields.update({"inputs": n, "seconds": f"{seconds:.1f}",
                    "inputs/s": f"{n / counts['seconds']:.0f}",
-                   "coverage": f"{cov[1]} edges {cov[2]} features", "corpus": cov[3],
+                   "coverage": f"{edges} edges {features} features", "corpus": units,
                    "worst_ms": f"{counts['worst_ns'] / 1e6:.2f}", "findings": 0})
     return 0, fields
 
