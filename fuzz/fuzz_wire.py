@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -144,9 +145,10 @@ def summary(fields: dict[str, object]) -> str:
 
 
 def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[bytes], seed: int,
-                crashes: Path, max_ns: int) -> tuple[int, dict[str, object]]:
-    """Run ``inputs`` inputs: the corpus first, then mutations of the pool. Return the exit status
-    and the summary's fields."""
+                crashes: Path, max_ns: int,
+                max_seconds: float = math.inf) -> tuple[int, dict[str, object]]:
+    """Run ``inputs`` inputs (or as many as ``max_seconds`` allow): the corpus first, then
+    mutations of the pool. Return the exit status and the summary's fields."""
     rng = random.Random(seed)
     pool = list(corpus) or [b""]
     outcomes: set[str] = set()
@@ -154,7 +156,8 @@ def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[byte
     start = time.perf_counter()
     n = 0
     status = 0
-    while n < inputs:
+    stop = start + max_seconds
+    while n < inputs and (n % 1024 or time.perf_counter() < stop):
         data = corpus[n] if n < len(corpus) else mutate(rng, rng.choice(pool), pool, words)
         n += 1
         try:
@@ -173,7 +176,8 @@ def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[byte
             else:
                 pool.append(data)
     seconds = time.perf_counter() - start
-    return status, {"engine": "mutate", "inputs": n, "seconds": f"{seconds:.1f}",
+    stopped = "finding" if status else "inputs" if n == inputs else "time"
+    return status, {"engine": "mutate", "inputs": n, "stopped": stopped, "seconds": f"{seconds:.1f}",
                     "inputs/s": f"{n / seconds:.0f}" if seconds else "-",
                     "coverage": f"{len(outcomes)} outcomes", "worst_ms": f"{worst / 1e6:.2f}",
                     "findings": status}
@@ -182,9 +186,11 @@ def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[byte
 # --- the atheris engine ---------------------------------------------------------------------------
 
 
-def _worker(inputs: int, max_ns: int, self_test: bool, libfuzzer: list[str]) -> None:
+def _worker(inputs: int, max_ns: int, max_seconds: float, self_test: bool,
+            libfuzzer: list[str]) -> None:
     """The child: instrument askonce and http-sfv as they are imported, then hand libFuzzer the
-    check. After ``inputs`` inputs it prints the counts as one JSON line and ends itself."""
+    check. After ``inputs`` inputs (or ``max_seconds``) it prints the counts as one JSON line and
+    ends itself."""
     import atheris  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
     with atheris.instrument_imports(include=["askonce", "http_sfv"]):
@@ -193,15 +199,17 @@ def _worker(inputs: int, max_ns: int, self_test: bool, libfuzzer: list[str]) -> 
     count = 0
     worst = 0
     start = time.perf_counter()
+    stop = start + max_seconds
 
     def one(data: bytes) -> None:
         nonlocal count, worst
         _, ns = run_one(check, data, max_ns)
         worst = max(worst, ns)
         count += 1
-        if count >= inputs:
+        if count >= inputs or (count % 1024 == 0 and time.perf_counter() >= stop):
             seconds = time.perf_counter() - start
-            print(json.dumps({"inputs": count, "seconds": seconds, "worst_ns": worst}), flush=True)
+            print(json.dumps({"inputs": count, "seconds": seconds, "worst_ns": worst,
+                              "stopped": "inputs" if count >= inputs else "time"}), flush=True)
             os._exit(0)  # libFuzzer would otherwise go on; what it found is on disk already
 
     atheris.Setup([sys.argv[0], *libfuzzer], one)
@@ -214,7 +222,8 @@ _RAISED = re.compile(rb"^\w*(?:Error|Finding|Exception): .*")
 
 
 def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: int, work: Path,
-                 timeout: int, verbose: bool, self_test: bool) -> tuple[int, dict[str, object]]:
+                 timeout: int, verbose: bool, self_test: bool,
+                 max_seconds: float = math.inf) -> tuple[int, dict[str, object]]:
     """Run the child; return the exit status and the summary's fields (coverage from its log)."""
     grown = work / "corpus"
     grown.mkdir(parents=True, exist_ok=True)
@@ -225,7 +234,8 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
                  f"-artifact_prefix={crashes}{os.sep}", "-print_final_stats=1", str(grown),
                  str(corpus)]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--inputs", str(inputs),
-           "--max-ms", str(max_ns / 1e6), *(["--self-test"] if self_test else []), "--", *libfuzzer]
+           "--max-ms", str(max_ns / 1e6), "--max-seconds", str(max_seconds),
+           *(["--self-test"] if self_test else []), "--", *libfuzzer]
     start = time.perf_counter()
     runs, edges, features, units = 0, 0, 0, 0  # the last of libFuzzer's status lines
     raised = b""
@@ -265,7 +275,7 @@ def fuzz_atheris(inputs: int, corpus: Path, seed: int, crashes: Path, max_ns: in
                        "findings": max(1, len(found))})
         return 1, fields
     n = counts["inputs"]
-    fields.update({"inputs": n, "seconds": f"{seconds:.1f}",
+    fields.update({"inputs": n, "stopped": counts["stopped"], "seconds": f"{seconds:.1f}",
                    "inputs/s": f"{n / counts['seconds']:.0f}",
                    "coverage": f"{edges} edges {features} features", "corpus": units,
                    "worst_ms": f"{counts['worst_ns'] / 1e6:.2f}", "findings": 0})
@@ -292,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fuzz_wire.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--inputs", type=int, default=10_000_000,
                     help="how many inputs (default 10 million)")
+    ap.add_argument("--max-seconds", type=float, default=math.inf,
+                    help="stop after this long even short of --inputs (summary: stopped=time)")
     ap.add_argument("--engine", choices=["auto", "atheris", "mutate"], default="auto",
                     help="atheris if installed (auto), or the pure-Python mutation fuzzer")
     ap.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
@@ -311,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="atheris: show libFuzzer's log")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.inputs < 1 or args.max_ms <= 0 or args.timeout < 1:
-        ap.error("--inputs, --max-ms and --timeout must be positive")
+    if args.inputs < 1 or args.max_ms <= 0 or args.timeout < 1 or not args.max_seconds > 0:
+        ap.error("--inputs, --max-seconds, --max-ms and --timeout must be positive")
     max_ns = int(args.max_ms * 1e6)
     if args.worker:
-        _worker(args.inputs, max_ns, args.self_test, rest)
+        _worker(args.inputs, max_ns, args.max_seconds, args.self_test, rest)
         return 0
     if args.replay is not None:
         return replay(args.replay, max_ns)
@@ -331,12 +343,12 @@ def main(argv: list[str] | None = None) -> int:
 
         check = planted(wire_oracle.check) if args.self_test else wire_oracle.check
         status, fields = fuzz_mutate(check, args.inputs, seeds(args.corpus), tokens(),
-                                     args.seed, args.crashes, max_ns)
+                                     args.seed, args.crashes, max_ns, args.max_seconds)
     else:
         work = args.work or Path(tempfile.mkdtemp(prefix="askonce-fuzz-"))
         status, fields = fuzz_atheris(args.inputs, args.corpus.resolve(), args.seed,
                                       args.crashes.resolve(), max_ns, work.resolve(), args.timeout,
-                                      args.verbose, args.self_test)
+                                      args.verbose, args.self_test, args.max_seconds)
         if args.work is None and status == 0:  # a failed run keeps its log (named on stderr)
             shutil.rmtree(work, ignore_errors=True)
     print(summary(fields), flush=True)
