@@ -172,12 +172,13 @@ def fuzz_mutate(check: Check, inputs: int, corpus: list[bytes], words: list[byte
         if label not in outcomes:
             outcomes.add(label)
             if len(pool) >= POOL:
-                pool[rng.randrange(len(corpus), POOL)] = data
+                pool[rng.randrange(min(len(corpus), POOL - 1), POOL)] = data  # seeds stay
             else:
                 pool.append(data)
     seconds = time.perf_counter() - start
     stopped = "finding" if status else "inputs" if n == inputs else "time"
-    return status, {"engine": "mutate", "inputs": n, "stopped": stopped, "seconds": f"{seconds:.1f}",
+    return status, {"engine": "mutate", "inputs": n, "stopped": stopped,
+                    "seconds": f"{seconds:.1f}",
                     "inputs/s": f"{n / seconds:.0f}" if seconds else "-",
                     "coverage": f"{len(outcomes)} outcomes", "worst_ms": f"{worst / 1e6:.2f}",
                     "findings": status}

@@ -225,6 +225,16 @@ def test_the_command_reports_a_finding_and_exits_1(engine: str, tmp_path: Path) 
     assert replayed.returncode == 0 and "holds" in replayed.stdout, replayed.stderr
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_command_stops_at_max_seconds_with_its_summary(engine: str, tmp_path: Path) -> None:
+    done = _command("--engine", engine, "--inputs", str(10**9), "--max-seconds", "0.5",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    fields = dict(f.split("=", 1) for f in done.stdout.strip().splitlines()[-1].split()[1:]
+                  if "=" in f)
+    assert fields["stopped"] == "time" and 0 < int(fields["inputs"]) < 10**9, fields
+
+
 def test_the_command_rejects_bad_arguments_in_one_line(tmp_path: Path) -> None:
     done = _command("--inputs", "0", cwd=tmp_path)
     assert done.returncode == 2 and "--inputs" in done.stderr.strip().splitlines()[-1]
