@@ -112,6 +112,10 @@ def _forgets_pushback(reply: Reply) -> str:
     return f"v=1, b={reply.budget}"
 
 
+def _an_unknown_reason(text: str) -> dict[str, wire.Value] | Malformed:
+    return Malformed(f"no-such-reason-{len(text)}")  # a reason per input: unbounded counters
+
+
 def _raises_on_tabs(text: str) -> dict[str, wire.Value] | Malformed:
     if "\t" in text:
         raise IndexError("a parser bug")
@@ -123,6 +127,7 @@ def _raises_on_tabs(text: str) -> dict[str, wire.Value] | Malformed:
     ("parse_dictionary", _loses_token_type, b"a=tok", "http-sfv"),
     ("format_reply", _forgets_pushback, b"v=1, b=1, pb=250", "format_reply"),
     ("parse_dictionary", _raises_on_tabs, b"v=1,\tb=2", "a parser bug"),
+    ("parse_dictionary", _an_unknown_reason, b"a=1", "unknown reason"),
 ])
 def test_the_oracle_catches_a_planted_bug(monkeypatch: pytest.MonkeyPatch, name: str, bug: object,
                                           data: bytes, says: str) -> None:
