@@ -23,6 +23,6 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)
     || echo "nginx not installed: the proxy tests will skip" >&2
 fi
 python -m pip install -q --disable-pip-version-check -e '.[test]'
-python -m ruff check src tests bench
+python -m ruff check src tests bench fuzz
 python -m mypy
 python -m pytest "$@"
