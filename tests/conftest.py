@@ -22,9 +22,10 @@ def _need_redis() -> None:
 def _forget_joining_callees() -> Iterator[None]:
     """What clients heard of callees that join is process-wide (askonce.client.JOINERS): a port
     one test's server had must not carry its answer into the next test."""
-    from askonce.client import JOINERS
+    from askonce.client import JOINERS, hedging
 
     JOINERS.clear()
+    hedging.forget()  # what the hedgers learned of a port is process-wide too
     yield
 
 

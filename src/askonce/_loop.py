@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 from askonce.core.question import Frame, Hop, Tab
 from askonce.core.retry import LOCAL, Acquire, Attempt, Failure, GiveUp, RetryState, Wait
 from askonce.core.wire import Reply
-from askonce.errors import error_for, failure_of
+from askonce.errors import error_for, failure_of, reply_of
 from askonce.stores.base import (
     AdmissionHandle,
     AsyncBreakerHandle,
@@ -357,12 +357,17 @@ def judge_with(
     matches: Callable[[BaseException], bool], is_failure: Callable[[BaseException], bool] | None
 ) -> Callable[[BaseException], Tried]:
     """How an in-process attempt that raised is judged: retried if ``on=`` matches, else fatal; the
-    breaker's verdict (when a breaker is set) from ``is_failure``."""
+    verdict for the breaker and the admission controller (when one is set) from ``is_failure``, for
+    what ``on=`` names as the dependency's failures and for a give-up from below (an exception that
+    carries a reply). Any other exception is the function's own (a ``KeyError``, a validation
+    error): no verdict, so the code around a call cannot open a breaker or shed its calls."""
 
     def judge(exc: BaseException) -> Tried:
-        health = None if is_failure is None or not is_failure(exc) else False
         if not matches(exc):
+            health = (None if is_failure is None or reply_of(exc) is None or not is_failure(exc)
+                      else False)
             return Tried(Failure(retryable=False), health, error=exc, fatal=True)
+        health = None if is_failure is None or not is_failure(exc) else False
         return Tried(failure_of(exc), health, error=exc)
 
     return judge

@@ -295,3 +295,33 @@ def test_retry_admits_and_records_the_first_attempt(form: str) -> None:
         snap = handle.snapshot()
         assert (snap["requests"], snap["calls"], snap["successes"]) == (n, n, 0)
     assert fn.calls == 5
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_the_functions_own_errors_are_no_verdict_on_the_target(form: str) -> None:
+    # @askonce.retry wraps any code: a KeyError it does not retry (not in on=) is the function's own
+    # failure, not the dependency's, so it cannot make the default admission shed the calls after it.
+    store = MemoryStore(frozen)
+    calls = {"n": 0}
+
+    def work(fail: bool) -> int:
+        calls["n"] += 1
+        if fail:
+            raise KeyError("no such order")
+        return 1
+
+    async def awork(fail: bool) -> int:
+        return work(fail)
+
+    layer = askonce.retry(on=ConnectionError, layer="t", store=store, clock=frozen)
+    fn: Any = layer(awork) if form == "async" else layer(work)
+
+    def call(fail: bool) -> Any:
+        return asyncio.run(fn(fail)) if form == "async" else fn(fail)
+
+    for _ in range(30):
+        with pytest.raises(KeyError):
+            call(True)
+    assert [call(False) for _ in range(20)] == [1] * 20
+    snap = store.admission("t", AdmissionPolicy()).snapshot()
+    assert (snap["requests"], snap["calls"], snap["successes"]) == (50, 20, 20)

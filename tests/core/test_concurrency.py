@@ -136,6 +136,18 @@ def test_a_request_whose_deadline_comes_before_the_fastest_recent_answer_is_too_
     assert limiter.recent == 0.05 and not limiter.too_late(now, now + 0.4)
 
 
+def test_an_old_fastest_latency_refuses_nothing_so_requests_measure_afresh() -> None:
+    # A slow spell leaves a fastest latency of 3 s; if callers then have 2 s, each is too late and
+    # none takes a slot, so no window closes to lower the figure: it must go stale instead.
+    limiter = Limiter(POLICY)
+    now = serve(limiter, 0.0, 1.0, 3.0)
+    assert limiter.recent == 3.0 and limiter.too_late(now, now + 2.0)
+    later = now + 4 * 3.0 + 0.01  # STALE windows' worth of time with no window closing
+    assert not limiter.too_late(later, later + 2.0)
+    serve(limiter, later, 1.0, 0.05)  # the requests let through measure the service as it is now
+    assert limiter.recent == 0.05
+
+
 def test_a_release_too_many_never_goes_below_zero() -> None:
     limiter = Limiter(POLICY)
     limiter.release(0.0, 0.01)

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 import askonce
-from askonce.core.wire import QUESTION_HEADER, format_question
+from askonce.core.wire import QUESTION_HEADER, format_question, parse_reply
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.propagation import new_key
@@ -55,6 +55,9 @@ def test_respond_async_is_accepted_and_the_answer_is_long_polled_at_its_location
     with uvicorn_running(_app(handler)) as url, httpx.Client(base_url=url, timeout=20.0) as c:
         accepted = c.post("/orders", content=b"one", headers=_ask(key, prefer="respond-async"))
         assert accepted.status_code == 202
+        # The run in the background spends the budget: none of it comes back with the 202.
+        reply = parse_reply(accepted.headers["askonce-reply"])
+        assert not isinstance(reply, Exception) and reply.budget == 0 and reply.joins
         assert accepted.headers["preference-applied"] == "respond-async"
         where = accepted.headers["location"]
         assert where.startswith("/.askonce/answers/") and accepted.headers["retry-after"] == "1"

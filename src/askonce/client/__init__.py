@@ -537,10 +537,11 @@ class Caller:
         def hedge() -> Any:
             now = self.clock()
             fork: AsyncExchange[R] | None = getattr(exchange, "fork")()  # noqa: B009
+            # The token before admission: an admitted request is one that is made.
             if (fork is None or not fits(self.policy.retry, tab.deadline, now)
+                    or not hedgers.take(target, now)
                     or (call.admission is not None
-                        and not call.admission.admit(now, self.random()))
-                    or not hedgers.take(target, now)):
+                        and not call.admission.admit(now, self.random()))):
                 return None
             wait = call.limit(self.policy, now)
             forwarded, _ = attempt_window(wait, self.policy.deadline_grace, tab.deadline, now,
@@ -560,8 +561,14 @@ class Caller:
             hedgers.heard(target, self.clock(), tried.reply)
             return tried
 
-        which, tried = await race(state, exchange.send(header, limit), call.delay, hedge, judge,
-                                  exchange.discard)
+        try:
+            which, tried = await race(state, exchange.send(header, limit), call.delay, hedge,
+                                      judge, exchange.discard)
+        except BaseException:  # cancelled mid-race, or a judge that raised: an unsent hedge's
+            if not state.fired and state.reserved:  # reserve goes back (what the first try
+                state.account.release(state.reserved)  # forwarded stays spent: fail closed)
+                state.reserved = 0
+            raise
         held = state.settle(which)
         if tried.failure is None:
             hedgers.observe(target, self.clock() - sent)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from askonce._loop import Tried
 
-__all__ = ["Hedgers", "hedgers_for", "race"]
+__all__ = ["Hedgers", "forget", "hedgers_for", "race"]
 
 
 class Hedgers:
@@ -76,6 +76,13 @@ class Hedgers:
 _SHARED: dict[HedgePolicy, Hedgers] = {}
 _SHARED_LOCK = threading.Lock()
 MAX_POLICIES = 64
+
+
+def forget() -> None:
+    """Forget every policy's hedgers (what they learned, their tokens, their pauses): for tests,
+    and for a process that changes what its targets are."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
 
 
 def hedgers_for(policy: HedgePolicy) -> Hedgers:

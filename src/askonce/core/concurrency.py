@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from askonce.core import is_int, is_real
 
 MIN_GRADIENT = 0.5  # the most one window can cut the limit by (before the headroom is added)
+STALE = 4  # windows' worth of time after which the latest fastest latency is no longer believed
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +121,13 @@ class Limiter:
     def too_late(self, now: float, deadline: float) -> bool:
         """Whether a request whose caller stops waiting at ``deadline`` cannot be answered by then
         even as fast as the latest window's fastest request was: working on it would only take a
-        slot from one that can."""
-        recent = self.recent
-        return recent is not None and deadline - now < recent
+        slot from one that can. A figure no window has renewed for ``STALE`` times its own length
+        (or the interval) says nothing any more: nothing is too late then, so requests run again
+        and measure afresh (refusing every request on an old figure would never end)."""
+        recent, last = self.recent, self._last
+        if recent is None or last is None or now - last > STALE * max(self.policy.interval, recent):
+            return False
+        return deadline - now < recent
 
     def release(self, now: float, latency: float, ok: bool = True) -> None:
         """Give back a slot taken by :meth:`try_acquire`; ``latency``: seconds the request took."""

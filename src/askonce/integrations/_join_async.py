@@ -11,7 +11,11 @@ from __future__ import annotations
 import base64
 
 from askonce.core.join import Preference, parse_prefer
+from askonce.core.wire import REPLY_HEADER, Reply, format_reply
 from askonce.integrations.asgi import Scope, Send
+
+# What a 202's reply says: this callee joins, and none of the budget comes back (the run spends it).
+_SPENT = format_reply(Reply(0, joins=True)).encode("ascii")
 
 __all__ = ["MAX_LONG_POLL", "STATUS_PATH", "accepted", "located", "location", "prefer"]
 
@@ -47,10 +51,13 @@ def located(token: str) -> tuple[str, str] | None:
 
 async def accepted(scope: Scope, send: Send, status_path: str, key: tuple[str, str, str]
                     ) -> None:
-    """202: the answer will be at the status location."""
+    """202: the answer will be at the status location. Its reply says no budget is left: the run
+    in the background spends what was forwarded, so the caller must not take it back (fail
+    closed, as for a call whose answer has not come)."""
     where = str(scope.get("root_path", "")) + location(status_path, key)
     body = f"askonce: accepted; GET {where} for the answer\n".encode()
     await send({"type": "http.response.start", "status": 202, "headers": [
         (b"content-type", b"text/plain; charset=utf-8"), (b"location", where.encode()),
-        (b"preference-applied", b"respond-async"), (b"retry-after", b"1")]})
+        (b"preference-applied", b"respond-async"), (b"retry-after", b"1"),
+        (REPLY_HEADER.encode(), _SPENT)]})
     await send({"type": "http.response.body", "body": body})

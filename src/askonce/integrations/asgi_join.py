@@ -150,6 +150,7 @@ class JoinASGIMiddleware(Joining):
                 await self._run(key, entry, scope, receive, send)
                 return
             if verdict is Verdict.WAIT and later and entry is not None and _loop_of(entry) is loop:
+                answered_by_run()  # the run in flight will answer it: it starts none
                 await accepted(scope, send, self.status_path, key)
                 return
             if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:

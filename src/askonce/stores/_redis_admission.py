@@ -71,7 +71,7 @@ class AdmissionBase:
     """The parts the sync and asyncio handles share; see the module."""
 
     __slots__ = ("_args", "_keys", "_local", "_lock", "_pending", "_store", "_synced_at",
-                 "_syncing", "_view", "policy", "target")
+                 "_syncing", "_syncing_since", "_view", "policy", "target")
 
     def __init__(self, store: _Store, target: str, policy: AdmissionPolicy) -> None:
         self._store = store
@@ -85,6 +85,7 @@ class AdmissionBase:
         self._view: AdmissionReply | None = None
         self._synced_at = -math.inf  # the caller's clock
         self._syncing = False
+        self._syncing_since = -math.inf  # when the sync in flight started (the caller's clock)
 
     def admit(self, now: float, u: float) -> bool:
         admitted = self._local.admit(now, u)  # validates now and u before anything is counted
@@ -93,9 +94,13 @@ class AdmissionBase:
             return admitted
         with self._lock:
             self._pending[0] += 1
-            due = not self._syncing and now - self._synced_at >= self._store.admission_refresh
+            # A sync in flight for longer than a stale view lasts never reported (its task was
+            # cancelled, or its loop closed before it ran): another may start.
+            free = (not self._syncing
+                    or now - self._syncing_since >= _STALE * self._store.admission_refresh)
+            due = free and now - self._synced_at >= self._store.admission_refresh
             if due:
-                self._syncing = True
+                self._syncing, self._syncing_since = True, now
         view = self._sync(now) if due else self._view
         if not self._store.health.usable():  # the sync just failed
             self._store.health.fallback("admit")
@@ -176,6 +181,10 @@ class RedisAdmissionHandle(AdmissionBase):
             raw: Any = self._store.admission_script(keys=self._keys, args=args)
         except Exception as exc:
             raw = exc
+        except BaseException:  # interrupted (a gevent timeout, Ctrl-C): the next call syncs
+            with self._lock:
+                self._syncing = False
+            raise
         return self._settle(now, raw, args)
 
 
@@ -209,4 +218,8 @@ class AsyncRedisAdmissionHandle(AdmissionBase):
             raw: Any = await store.run(store.admission_script(keys=self._keys, args=args))
         except Exception as exc:
             raw = exc
+        except BaseException:  # cancelled: the next admit syncs again
+            with self._lock:
+                self._syncing = False
+            raise
         self._settle(now, raw, args)

@@ -203,6 +203,8 @@ class RedisJoinStore:
                             self._held.pop(key, None)
                 except redis.RedisError as exc:
                     self._failed(exc)
+                except Exception:  # anything else must not end the renewing of every lease
+                    _stats.count("server.join.redis.renew-error")
 
     def _got(self, raw: Any, policy: JoinPolicy) -> Answer | None:
         if not raw:
@@ -256,7 +258,10 @@ class RedisJoinStore:
                 if raw is not None:
                     return self._got(raw, policy)
                 if not self._ops.exists(lease):
-                    return None  # finished unseen, or its holder died: arrive again
+                    # Finished just now (the answer may have landed after the wait), or its
+                    # holder died: a last look before arriving again.
+                    raw = self._ops.lindex(done, 0)
+                    return None if raw is None else self._got(raw, policy)
             return TIMED_OUT
         except redis.RedisError as exc:
             self._failed(exc)
@@ -316,7 +321,8 @@ class RedisJoinStore:
                 if raw is not None:
                     return self._got(raw, policy)
                 if not await self._aops.exists(lease):
-                    return None
+                    raw = await self._aops.lindex(done, 0)
+                    return None if raw is None else self._got(raw, policy)
             return TIMED_OUT
         except redis.RedisError as exc:
             self._failed(exc)
