@@ -80,7 +80,7 @@ class BreakerPolicy:
     """When a circuit breaker opens and how it probes.
 
     The defaults are for a dependency that is either up or down: the breaker opens only on
-    near-total failure sustained over a full window (95 % of the last 100 calls), so a
+    near-total failure sustained over a full window (99 % of the last 100 calls), so a
     half-working dependency is left to adaptive admission (``core.admission``), which sheds in
     proportion instead. A classic 50 % breaker is ``BreakerPolicy(failure_rate=0.5,
     minimum_calls=20)``.
@@ -89,7 +89,7 @@ class BreakerPolicy:
     window: Literal["count", "time"] = "count"
     window_size: int = 100  # calls for a count window; whole seconds for a time window
     minimum_calls: int = 100  # no verdict before the window holds this many calls
-    failure_rate: float = 0.95  # open when failures/calls >= this
+    failure_rate: float = 0.99  # open when failures/calls >= this
     slow_call_rate: float = 1.0  # open when slow/calls >= this (only if slow_call_duration is set)
     # Seconds; a call at least this slow is slow; None disables.
     slow_call_duration: float | None = None

@@ -332,7 +332,12 @@ def slow(*, shares: Sequence[float] = (0.02, 0.1, 0.3), policies: Sequence[str] 
     layer's per-attempt ``timeout``. Naive layers time out into retries that start the work again;
     askonce settles a timed-out try fail closed and does not retry it; ``askonce-join``: every layer
     and the target join a repeated question to the run in flight, and every layer, the client too,
-    waits for a callee that joins instead of timing out (``ClientPolicy.rejoin``)."""
+    waits for a callee that joins instead of timing out (``ClientPolicy.rejoin``). The target has
+    no concurrency limit here (the library's default, and the demo's slow scenario): a limit that
+    grows a few requests a window cannot follow a slow tail's occupancy (``Knobs.concurrency``
+    for it anyway)."""
+    if knobs.concurrency == Knobs().concurrency:
+        knobs = dataclasses.replace(knobs, concurrency=None)
     rows: list[Row] = []
     for share in shares:
         world = World(depth=depth, clients=clients, rate=rate, duration=duration,
