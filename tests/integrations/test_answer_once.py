@@ -66,8 +66,10 @@ def _layer(name: str, downstream: str) -> Any:
     """A middle layer: POSTs what it is asked to ``downstream`` with the askonce client (each try
     limited to ``ATTEMPT_TIMEOUT``), joining repeated arrivals of a question itself."""
     policy = ClientPolicy(layer=name, bucket=None, attempt_timeout=ATTEMPT_TIMEOUT)
+    # httpx's own timeout as long as the question's deadline: toward a callee that joins the layer
+    # waits for its answer, and a loaded machine's stall must not end the wait first.
     client = httpx.AsyncClient(transport=AsyncAskonceTransport(
-        httpx.AsyncHTTPTransport(), policy=policy), timeout=5.0)
+        httpx.AsyncHTTPTransport(), policy=policy), timeout=30.0)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = b""
