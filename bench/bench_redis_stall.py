@@ -1,6 +1,6 @@
 """A stalled Redis under load: what each call pays, and what a dead target gets, before/during/after.
 
-    python bench/bench_redis_stall.py                      # 20 processes, a 5 s freeze, < 1 min
+    python bench/bench_redis_stall.py                      # 20 processes, a 5 s freeze, ~30 s
     python bench/bench_redis_stall.py --processes 8 --freeze 3
 
 Starts its own redis-server on a free loopback port, then N worker processes. Each loops (one call
@@ -85,17 +85,19 @@ def phase_of(t: float, freeze_at: float, resume_at: float) -> str:
     return "before" if t < freeze_at else "during" if t < resume_at else "after"
 
 
-def worker(url: str, schedule: tuple[float, float, float, float], interval: float,
-           results: Any) -> None:
+def worker(url: str, schedule: Any, go: Any, interval: float, results: Any) -> None:
     """Call the dead target through askonce until ``end``; send back what each phase saw."""
     import askonce
     from askonce import BreakerPolicy
     from askonce.stores.redis import RedisStore
 
-    measure_at, freeze_at, resume_at, end = schedule
+    results.put("ready")  # imported: the schedule starts once every worker is
+    go.wait()
+    measure_at, freeze_at, resume_at, end = schedule[:]
     arrivals = dict.fromkeys(PHASES, 0)
     latencies: dict[str, list[float]] = {p: [] for p in PHASES}
     first_after: float | None = None
+    slow: list[tuple[float, float]] = []  # (seconds since SIGSTOP, call seconds) over BOUND
     settle = 0.0  # the worst call in the first RECONNECT seconds after SIGCONT
 
     @askonce.retry(store=RedisStore(url), target="dead",
@@ -117,14 +119,16 @@ def worker(url: str, schedule: tuple[float, float, float, float], interval: floa
         if started >= measure_at:
             phase = phase_of(started, freeze_at, resume_at)
             latencies[phase].append(dt)
+            if dt > BOUND:
+                slow.append((started - freeze_at, dt))
             if phase == "after" and first_after is None:
                 first_after = dt
             if phase == "after" and started < resume_at + RECONNECT:
                 settle = max(settle, dt)
         time.sleep(interval)
     stats = {k: v for k, v in askonce.stats().items() if k.startswith("store.redis.")}
-    results.put({"arrivals": arrivals, "latencies": latencies, "first_after": first_after, "settle": settle,
-                 "calls": calls, "stats": stats})
+    results.put({"arrivals": arrivals, "latencies": latencies, "first_after": first_after,
+                 "settle": settle, "slow": slow, "calls": calls, "stats": stats})
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -139,7 +143,7 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=20)
     ap.add_argument("--freeze", type=float, default=5.0, help="seconds Redis stays SIGSTOPped")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
-    ap.add_argument("--before", type=float, default=5.0, help="seconds measured before freezing")
+    ap.add_argument("--before", type=float, default=10.0, help="seconds measured before freezing")
     ap.add_argument("--after", type=float, default=5.0, help="seconds measured after resuming")
     ap.add_argument("--interval", type=float, default=0.005, help="sleep between calls, seconds")
     args = ap.parse_args()
@@ -154,16 +158,20 @@ def main() -> None:
         try:
             ctx = mp.get_context("spawn")
             results = ctx.Queue()
-            t0 = time.time() + 2.0  # time for the workers to import askonce
-            measure_at = t0 + args.warmup
-            freeze_at = measure_at + args.before
-            resume_at = freeze_at + args.freeze
-            end = resume_at + args.after
-            schedule = (measure_at, freeze_at, resume_at, end)
-            procs = [ctx.Process(target=worker, args=(url, schedule, args.interval, results))
+            schedule, go = ctx.Array("d", 4), ctx.Event()
+            procs = [ctx.Process(target=worker,
+                                 args=(url, schedule, go, args.interval, results))
                      for _ in range(args.processes)]
             for p in procs:
                 p.start()
+            for _ in procs:
+                results.get(timeout=120)
+            measure_at = time.time() + args.warmup
+            freeze_at = measure_at + args.before
+            resume_at = freeze_at + args.freeze
+            end = resume_at + args.after
+            schedule[:] = [measure_at, freeze_at, resume_at, end]
+            go.set()
             time.sleep(max(0.0, freeze_at - time.time()))
             redis.send_signal(signal.SIGSTOP)
             time.sleep(max(0.0, resume_at - time.time()))
@@ -201,6 +209,12 @@ def report(args: argparse.Namespace, got: list[dict[str, Any]],
     worst = max(x for g in got for p in PHASES for x in g["latencies"][p])
     print(f"\nfirst call after SIGCONT, per process: min {firsts[0] * 1000:.1f} ms, median "
           f"{pct(firsts, 0.5) * 1000:.1f} ms, max {firsts[-1] * 1000:.1f} ms")
+    slow = sorted((int(at // 1), dt) for g in got for at, dt in g["slow"])
+    print("\ncalls over 50 ms by the second they started in (0 = the first second of the freeze):")
+    for second in sorted({s for s, _ in slow}):
+        dts = [dt for s, dt in slow if s == second]
+        print(f"  second {second:+d}: {len(dts)} calls, median {pct(dts, 0.5) * 1000:.0f} ms, "
+              f"max {max(dts) * 1000:.0f} ms")
     settles = sorted(g["settle"] for g in got)
     print(f"worst call in the first {RECONNECT:g} s after SIGCONT (when the store tries Redis "
           f"again), per process: median {pct(settles, 0.5) * 1000:.1f} ms, "
@@ -208,6 +222,13 @@ def report(args: argparse.Namespace, got: list[dict[str, Any]],
     fallback = rate["during"] / rate["before"] if rate["before"] else float("inf")
     print(f"fallback arrivals / shared arrivals: {fallback:.1f}x (the issue's goal: at most 2x)")
     print(f"worst call / documented bound ({BOUND * 1000:.0f} ms): {worst / BOUND:.1f}x")
+    during = [dt for s, dt in slow if 0 <= s < args.freeze]
+    healthy = max(g["latencies"]["before"] for g in got if g["latencies"]["before"])
+    print(f"calls that waited for the frozen Redis (over 50 ms during the freeze): {len(during)}, "
+          f"median {pct(during, 0.5) * 1000:.1f} ms, p90 {pct(during, 0.9) * 1000:.1f} ms "
+          f"= {pct(during, 0.9) / BOUND:.2f}x the bound")
+    print(f"worst call during the freeze / worst call with Redis healthy (same run): "
+          f"{max(during, default=0.0) / max(max(healthy), 1e-9):.2f}x")
     stats: dict[str, int] = {}
     for g in got:
         for k, v in g["stats"].items():
