@@ -1,4 +1,4 @@
-"""A stalled Redis under load: what each call pays, and what a dead target gets, before/during/after.
+"""A stalled Redis under load: what each call pays and what a dead target gets, around a freeze.
 
     python bench/bench_redis_stall.py                      # 20 processes, a 5 s freeze, ~30 s
     python bench/bench_redis_stall.py --processes 8 --freeze 3
@@ -195,7 +195,8 @@ def report(args: argparse.Namespace, got: list[dict[str, Any]],
     print(f"{args.processes} processes, freeze {args.freeze:g} s, a call every "
           f"{args.interval * 1000:g} ms per process, {os.cpu_count()} CPUs; load average "
           f"{load_start[0]:.2f} at start, {load_mid[0]:.2f} at resume (1 min)\n")
-    print("| phase | calls/s | call p99 ms | call max ms | calls > 50 ms | dead target arrivals/s |")
+    print("| phase | calls/s | call p99 ms | call max ms | calls > 50 ms "
+          "| dead target arrivals/s |")
     print("|---|---:|---:|---:|---:|---:|")
     rate = {}
     for phase in PHASES:
