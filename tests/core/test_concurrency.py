@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from askonce.core.concurrency import ConcurrencyPolicy, Limiter
+from askonce.core.concurrency import OVER, TAKEN, TOO_LATE, ConcurrencyPolicy, Limiter
 
 POLICY = ConcurrencyPolicy(initial_limit=20, min_limit=4, max_limit=100, interval=0.1,
                            min_samples=5)
@@ -132,6 +132,15 @@ def test_a_request_whose_deadline_comes_before_the_fastest_recent_answer_is_too_
     now = serve(limiter, 0.0, 1.0, 0.5)  # every request takes half a second
     assert limiter.recent == 0.5
     assert limiter.too_late(now, now + 0.4) and not limiter.too_late(now, now + 0.6)
+    # At the door: too late takes no slot; in time, or with no deadline, a slot while one is free.
+    held = limiter.inflight
+    assert limiter.enter(now, now + 0.4) == TOO_LATE and limiter.inflight == held
+    assert limiter.enter(now, now + 0.6) == TAKEN and limiter.enter(now, None) == TAKEN
+    while limiter.inflight < limiter.limit:
+        limiter.try_acquire(now)
+    assert limiter.enter(now, None) == OVER
+    for _ in range(limiter.inflight - held):
+        limiter.release(now, math.nan)  # no sample: the figures below stay as they were
     now = serve(limiter, now, 1.0, 0.05)  # it got fast again: the latest window says so
     assert limiter.recent == 0.05 and not limiter.too_late(now, now + 0.4)
 

@@ -35,6 +35,7 @@ from askonce.core import is_int, is_real
 
 MIN_GRADIENT = 0.5  # the most one window can cut the limit by (before the headroom is added)
 STALE = 4  # windows' worth of time after which the latest fastest latency is no longer believed
+TAKEN, TOO_LATE, OVER = 0, 1, 2  # what :meth:`Limiter.enter` decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,14 @@ class Limiter:
         if recent is None or last is None or now - last > STALE * max(self.policy.interval, recent):
             return False
         return deadline - now < recent
+
+    def enter(self, now: float, deadline: float | None) -> int:
+        """Decide a request at the door, as every shell does: ``TOO_LATE`` (its caller stops
+        waiting at ``deadline`` before it could be answered: :meth:`too_late`), ``OVER`` (no slot
+        under the limit), or ``TAKEN`` (it holds a slot: :meth:`release` it after)."""
+        if deadline is not None and self.too_late(now, deadline):
+            return TOO_LATE
+        return TAKEN if self.try_acquire(now) else OVER
 
     def release(self, now: float, latency: float, ok: bool = True) -> None:
         """Give back a slot taken by :meth:`try_acquire`; ``latency``: seconds the request took."""

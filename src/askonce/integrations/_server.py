@@ -41,7 +41,7 @@ from askonce._context import FRAME
 from askonce._replies import RECORD as _give_ups  # the context variable of replies()
 from askonce._replies import Record, recording
 from askonce.core import is_int, is_real, wire
-from askonce.core.concurrency import ConcurrencyPolicy, Limiter
+from askonce.core.concurrency import TAKEN, TOO_LATE, ConcurrencyPolicy, Limiter
 from askonce.core.naming import MAX_OPERATION_CHARS
 from askonce.core.question import Frame, Tab
 from askonce.core.wire import REPLY_HEADER, Limits, Reply
@@ -375,12 +375,11 @@ class Server:
         now = _stats.monotonic()
         deadline = arrival.deadline if self.options.shed_deadline else None
         with self._limiter_lock:
-            late = deadline is not None and limiter.too_late(now, deadline)
-            taken = not late and limiter.try_acquire(now)
-        if taken:
+            entered = limiter.enter(now, deadline)
+        if entered == TAKEN:
             arrival.slot = now
             return
-        if late:  # its caller stops waiting before even the fastest recent answer could be out
+        if entered == TOO_LATE:  # its caller stops waiting before the fastest recent answer
             _stats.count("server.shed.too-late")
             arrival.answer = self.deadline_answer(arrival)
             return

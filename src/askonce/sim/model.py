@@ -29,7 +29,7 @@ from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
 from askonce.core.admission import Admission
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
-from askonce.core.concurrency import Limiter
+from askonce.core.concurrency import OVER, TOO_LATE, Limiter
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.question import Account, Hop, Tab, mint_key
 from askonce.core.retry import (
@@ -495,11 +495,12 @@ class Sim:
             return
         limiter = self.limiter
         if limiter is not None:
-            if (self.policy.shed and job.deadline is not None
-                    and limiter.too_late(now, job.deadline)):
+            # The middleware's decision at the door (Limiter.enter), the deadline only when shed.
+            entered = limiter.enter(now, job.deadline if self.policy.shed else None)
+            if entered == TOO_LATE:
                 self._target_answer(job, False, True, now)  # as the middleware: dnr deadline
                 return
-            if not limiter.try_acquire(now):
+            if entered == OVER:
                 # Over the limit: answered at once, do not retry, with the policy's pushback.
                 self.stats.overloaded += 1
                 job.ok, job.reply = False, Reply(job.budget, True, "overloaded",
