@@ -207,8 +207,8 @@ class Arrival(Record):
     (``askonce.client.replies``): one context variable for both, set once per request.
     """
 
-    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joins", "malformed",
-                 "on_joined", "serving", "slot")
+    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joins",
+                 "malformed", "on_joined", "serving", "slot")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -222,8 +222,10 @@ class Arrival(Record):
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
         self.detached = False  # others may join this run: a disconnect does not cancel it
         self.slot: float | None = None  # when it took a slot of the concurrency limit
-        # Tells the ledger that this counted arrival was answered by a run it did not start.
-        self.on_joined: Callable[[], None] | None = None
+        # Tells the ledger that this counted arrival (of operation ``joined_as``) was answered by
+        # a run it did not start: the server's ``joined``, set when the ledger counted it.
+        self.on_joined: Callable[[str], None] | None = None
+        self.joined_as = ""
 
     @property
     def noted(self) -> BaseException | None:
@@ -297,7 +299,8 @@ class _Values:
 class Server:
     """The framework-free half of a server middleware; see the module docstring."""
 
-    __slots__ = ("_limiter", "_limiter_lock", "_lock", "_mint_secret", "_verify", "options")
+    __slots__ = ("_joined", "_limiter", "_limiter_lock", "_lock", "_mint_secret", "_verify",
+                 "options")
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
@@ -307,6 +310,7 @@ class Server:
         # One limiter per middleware; threads (WSGI) and event loops share it under the lock.
         self._limiter = None if options.concurrency is None else Limiter(options.concurrency)
         self._limiter_lock = threading.Lock()
+        self._joined = self.joined  # bound once: every attributable arrival carries it
         secret = options.edge_secret
         self._mint_secret: Secret | None = None
         self._verify: Callable[[str, bytes | None], bool] | None = None
@@ -492,7 +496,7 @@ class Server:
                 _stats.count("ledger.edge.unsigned")
                 edge, origin = False, UNSIGNED
             if edge:
-                arrival.on_joined = self._joined_for(operation)
+                arrival.on_joined, arrival.joined_as = self._joined, operation
             if lock is None:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
                                      path=frame[1], principal=principal)
@@ -503,27 +507,22 @@ class Server:
             _stats.count("server.ledger.error")
             return True
 
-    def _joined_for(self, operation: str) -> Callable[[], None]:
-        """What tells the ledger that an attributable arrival of ``operation`` was answered by a
-        run it did not start (``Ledger.joined``); a ledger without it counts
+    def joined(self, operation: str) -> None:
+        """Tell the ledger that an attributable arrival of ``operation`` was answered by a run it
+        did not start (``Ledger.joined``); a ledger without it counts
         ``server.ledger.joined-unsupported`` instead."""
-        ledger, lock = self.options.ledger, self._lock
-        joined = getattr(ledger, "joined", None)
-
-        def note() -> None:
-            if joined is None:
-                _stats.count("server.ledger.joined-unsupported")
-                return
-            try:
-                if lock is None:
+        joined, lock = getattr(self.options.ledger, "joined", None), self._lock
+        if joined is None:
+            _stats.count("server.ledger.joined-unsupported")
+            return
+        try:
+            if lock is None:
+                joined(time.time(), operation, edge=True)
+            else:
+                with lock:
                     joined(time.time(), operation, edge=True)
-                else:
-                    with lock:
-                        joined(time.time(), operation, edge=True)
-            except Exception:
-                _stats.count("server.ledger.error")
-
-        return note
+        except Exception:
+            _stats.count("server.ledger.error")
 
     def deadline_answer(self, arrival: Arrival) -> Answer:
         return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline"))
