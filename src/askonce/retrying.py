@@ -259,8 +259,7 @@ class retry:  # spelled like a function: it is used as a decorator
                 return tab, path, bucket, True, None
             if not admits:
                 return tab, path, bucket, False, None
-            guarded_ = self._guarded
-            admission = (guards(layer) if guarded_ is None else guarded_)[1]
+            admission = guards(layer)[1]  # made on first use, then cached
             if not admission.admit(clock(), rand()):  # type: ignore[union-attr]
                 return tab, path, bucket, True, REFUSE
             return tab, path, bucket, False, admission
