@@ -48,7 +48,9 @@ _UNSET: Any = object()  # an argument not given: RetryPolicy's default, and poli
 
 OnSpec = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 DEFAULT_ON: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
-DEFAULT_BUCKET = BucketPolicy()
+# Off by default: the question's budget already bounds what a question costs, and a bucket that
+# binds at a half-working target answers fewer questions than plain retries (docs/admission.md).
+DEFAULT_BUCKET: BucketPolicy | None = None
 DEFAULT_ADMISSION = AdmissionPolicy()
 
 _ON = "on= takes an Exception subclass, a non-empty tuple of them, or a predicate"
@@ -88,7 +90,8 @@ class retry:  # spelled like a function: it is used as a decorator
     (True): :class:`RetryPolicy`'s fields and defaults, given here or as one ``policy=`` (not both).
     ``attempts`` is this layer's own limit; ``budget``/``deadline`` apply only when this layer has
     to mint the question (nothing bound); ``originator=True`` mints attributable edge keys.
-    ``bucket``: the per-target retry token bucket (``None`` turns it off); ``breaker``: a circuit
+    ``bucket``: a per-target retry token bucket (off by default; ``BucketPolicy()`` caps retries
+    at 20 % of calls plus 10/s); ``breaker``: a circuit
     breaker for the target (off by default; ``CircuitOpen`` when open); ``admission``: adaptive
     admission for the target (on by default; ``core.admission``: once the target answers fewer
     than 5 % of calls, attempts are shed in proportion to the shortfall, ``CircuitOpen`` with

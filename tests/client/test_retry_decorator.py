@@ -145,6 +145,40 @@ def test_token_bucket_throttles_retries_per_target() -> None:
         fn()
 
 
+class EveryThird:
+    """Fails the first two attempts of every call: a target that needs every retry it is given."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def __call__(self) -> str:
+        self.attempts += 1
+        if self.attempts % 3:
+            raise ConnectionError("half down")
+        return "ok"
+
+
+def test_the_default_protection_throttles_no_retry_a_half_working_target_needs() -> None:
+    # No clock moves: a bucket's 10/s floor could not refill; admission sees 1 in 3 answered.
+    target = EveryThird()
+    fn = askonce.retry(on=ConnectionError, backoff=NO_WAIT, target="every-third",
+                       clock=lambda: 0.0)(target)
+    answered = 0
+    for _ in range(300):
+        with askonce.question(budget=2):
+            answered += fn() == "ok"
+    assert answered == 300 and target.attempts == 900  # what a plain loop of 3 answers
+    given = askonce.retry(on=ConnectionError, backoff=NO_WAIT, target="every-third-bucket",
+                          clock=lambda: 0.0, bucket=askonce.BucketPolicy())(EveryThird())
+    throttled = 0
+    for _ in range(300):
+        with askonce.question(budget=2), contextlib.suppress(askonce.RetryThrottled):
+            given()
+            continue
+        throttled += 1
+    assert throttled > 150  # a bucket, when one is given, caps retries near 20 % of calls
+
+
 def test_inner_give_up_is_passed_on_unchanged_even_if_outer_retries_everything() -> None:
     target = Target()
     inner = layer("inner", target)

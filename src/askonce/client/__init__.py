@@ -358,9 +358,11 @@ class Caller:
         for name, fn in (("clock", clock), ("sleep", sleep), ("random", random)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be a callable or None, got {fn!r}")
-        for kind in ("bucket", "breaker"):  # only what the policy will ask of it
-            if (store is not None and getattr(policy, kind) is not None
-                    and not callable(getattr(store, kind, None))):
+        # A store must have what the policy will ask of it, and be a store at all.
+        has = {k: callable(getattr(store, k, None)) for k in ("bucket", "breaker")}
+        for kind in ("bucket", "breaker"):
+            wanted = getattr(policy, kind) is not None or not any(has.values())
+            if store is not None and wanted and not has[kind]:
                 raise ValueError(f"store must be an askonce store (a {kind}(target, policy) "
                                  f"method), got {store!r}")
         self.policy = policy

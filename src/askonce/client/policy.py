@@ -43,7 +43,8 @@ class ClientPolicy:
     guesses its own wait only adds to the load. Methods in ``idempotent_methods``, or any request
     carrying ``idempotency_header``, may be retried after they may have reached the target; others
     only when the connection was refused, unless ``retry_non_idempotent``.
-    ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (``None``: off).
+    ``bucket``/``breaker``: per-target retry token bucket and circuit breaker (both off by
+    default; ``BucketPolicy()`` caps retries at 20 % of calls plus 10/s).
     ``admission``: per-target adaptive admission (``core.admission``; on by default, ``None``
     turns it off): once the target answers fewer than 5 % of attempts, attempts are shed in
     proportion to the shortfall (``CircuitOpen``, reason ``shed``). The breaker (off by default)
@@ -78,7 +79,7 @@ class ClientPolicy:
     idempotency_header: str | None = "Idempotency-Key"
     retry_non_idempotent: bool = False
     originator: bool = False
-    bucket: BucketPolicy | None = BucketPolicy()
+    bucket: BucketPolicy | None = None
     breaker: BreakerPolicy | None = None
     admission: AdmissionPolicy | None = DEFAULT_ADMISSION
     attempt_timeout: float | None = None

@@ -94,7 +94,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     k.add_argument("--budget", type=int,
                    help="askonce: retries per question (default 2; jitter 99)")
     k.add_argument("--bucket-ratio", type=float,
-                   help="askonce: retry tokens per request (library default 0.2)")
+                   help="askonce: a retry bucket earning this many tokens per request, "
+                        "plus 10/s (library default: no bucket)")
     k.add_argument("--bucket-floor", type=float,
                    help="bucket baseline: retries/s always allowed (default 1)")
     k.add_argument("--breaker-rate", type=float,
@@ -138,6 +139,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _knobs(base: Any, args: argparse.Namespace) -> Any:
     from askonce.core.admission import AdmissionPolicy
+    from askonce.core.bucket import BucketPolicy
 
     changes: dict[str, Any] = {}
     if args.attempts is not None:
@@ -145,7 +147,7 @@ def _knobs(base: Any, args: argparse.Namespace) -> Any:
     if args.budget is not None:
         changes["budget"] = args.budget
     if args.bucket_ratio is not None:
-        changes["bucket"] = dataclasses.replace(base.bucket, ratio=args.bucket_ratio)
+        changes["bucket"] = BucketPolicy(ratio=args.bucket_ratio)
     if args.bucket_floor is not None:
         changes["baseline_bucket"] = dataclasses.replace(base.baseline_bucket,
                                                          floor=args.bucket_floor)

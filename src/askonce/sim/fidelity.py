@@ -11,7 +11,7 @@ The model (:class:`DemoSim`: the simulator's own code, given the demo's inputs a
 
 * the edge (``edge_attempts`` tries of ``edge_timeout``, cut to the deadline) mints the question;
   three layers (gateway, api, service) make 3 tries of ``layer_timeout``; askonce: adaptive
-  admission on the service (and the breaker with ``--breaker``), buckets at the library's default,
+  admission on the service (and the breaker with ``--breaker``), no buckets (the library's default),
   the target shedding past the deadline, and every layer cut at its question's deadline with no
   verdict (the middleware cancels the handler, and the client releases the breaker and tells the
   admission nothing rather than record a failure);

@@ -10,11 +10,12 @@ Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns th
   1/s floor, at most 10 banked: the SRE book's per-client budget with a small floor);
 * ``breaker`` - naive plus a circuit breaker per layer and per client (the library's defaults);
 * ``askonce`` - the question travels (budget, deadline, path); every layer keeps its attempt limit
-  and the library's default per-target bucket; the layer nearest the target has the library's
-  default adaptive admission (``core.admission``: it sheds attempts only when the target answers
-  under 5 % of them), and no breaker unless ``Knobs.askonce_breaker``; the target sheds work past
-  the propagated deadline. Layer 1's bucket and breaker are shared by the whole client fleet
-  (``shared``), as with the Redis store; so is the admission controller when layer 1 is the layer
+  and no per-target bucket (the library's default; ``--bucket-ratio`` gives one); the layer
+  nearest the target has the library's default adaptive admission (``core.admission``: it sheds
+  attempts only when the target answers under 5 % of them), and no breaker unless
+  ``Knobs.askonce_breaker``; the target sheds work past the propagated deadline. Layer 1's
+  bucket (if any) and breaker are shared by the whole client fleet (``shared``), as with the
+  Redis store; so is the admission controller when layer 1 is the layer
   nearest the target (depth 1).
 * ``askonce-hedge`` - askonce, and the layer nearest the target hedges slow first tries
   (``Knobs.hedge``, the library's default ``HedgePolicy``: ``ClientPolicy.hedge``).
@@ -54,7 +55,7 @@ class Knobs:
 
     attempts: int = 3
     budget: int = 2
-    bucket: BucketPolicy = BucketPolicy()  # askonce's per-target bucket: the library default
+    bucket: BucketPolicy | None = None  # askonce's per-target bucket: off, the library default
     baseline_bucket: BucketPolicy = BASELINE_BUCKET
     breaker: BreakerPolicy = CLASSIC_BREAKER
     # askonce: adaptive admission on the layer nearest the target (None: off), and whether that
