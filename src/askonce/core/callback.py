@@ -38,13 +38,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from askonce.core.signing import Secret, _secrets
+from askonce.core.signing import Secret, secret_keys
 
 __all__ = ["CALLBACK", "HEADERS", "NO_ANSWER", "Callback", "CallbackError", "allowed",
            "callback_url", "canonical", "check", "prefix", "sign"]
 
 CALLBACK = "askonce-callback"  # the request header a caller names its callback URL in
-KEY, LOCATION, STATUS = "askonce-callback-key", "askonce-callback-location", "askonce-callback-status"
+KEY, LOCATION = "askonce-callback-key", "askonce-callback-location"
+STATUS = "askonce-callback-status"
 TIMESTAMP, SIGNATURE = "askonce-callback-timestamp", "askonce-callback-signature"
 HEADERS = (KEY, LOCATION, STATUS, TIMESTAMP, SIGNATURE)
 NO_ANSWER = 504  # the status a callback carries when the run ended without an answer
@@ -132,7 +133,7 @@ def sign(secret: Secret | Sequence[Secret], key: str, location: str, status: int
          content_type: str, timestamp: int, body: bytes) -> dict[str, str]:
     """The headers of a callback POST (but the content type), signed with ``secret`` (the first
     of several)."""
-    first = _secrets(secret)[0]
+    first = secret_keys(secret)[0]
     mac = hmac.new(first, canonical(key, location, status, content_type, timestamp, body),
                    hashlib.sha256).digest()
     return {KEY: key, LOCATION: location, STATUS: str(status), TIMESTAMP: str(timestamp),
@@ -144,7 +145,7 @@ def check(headers: Mapping[str, str], body: bytes, secret: Secret | Sequence[Sec
     """The callback ``headers`` (lower-case names) and ``body`` carry, if signed with ``secret``
     (any of several) and at most ``max_age`` seconds away from ``now``; else
     :class:`CallbackError`. ``ValueError`` for a bad secret is the receiver's own mistake."""
-    keys = _secrets(secret)
+    keys = secret_keys(secret)
     fields = {}
     for name in HEADERS:
         value = headers.get(name)

@@ -30,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from askonce.core import wire
 from askonce.core.wire import Malformed
 
-__all__ = ["MEMBER", "mac", "sign", "sign_header", "verify", "verify_edge", "verify_key"]
+__all__ = ["MEMBER", "mac", "secret_keys", "sign", "sign_header", "verify", "verify_edge",
+           "verify_key"]
 
 MEMBER = "s"
 _CONTEXT = b"askonce-edge-key-v1\x00"
@@ -54,6 +55,12 @@ def _secrets(secret: Secret | Sequence[Secret]) -> list[bytes]:
     if not out:
         raise ValueError("verify needs at least one secret")
     return out
+
+
+def secret_keys(secret: Secret | Sequence[Secret]) -> list[bytes]:
+    """One secret or several (``[new, old]``: the first signs, all verify) as bytes;
+    ``ValueError`` for one under 16 bytes, or none. Other signed things share this rule."""
+    return _secrets(secret)
 
 
 def _mac(key: str, secret: bytes) -> bytes:

@@ -37,7 +37,7 @@ REFUSED = (503, (("content-type", "text/plain; charset=utf-8"),
 class Run:
     """The shell's slot on a join entry: how its waiters are woken, and the run's account."""
 
-    __slots__ = ("budget", "noted", "owner", "tab", "wake")
+    __slots__ = ("budget", "callback", "noted", "owner", "tab", "wake")
 
     def __init__(self, owner: object, wake: object, tab: Tab) -> None:
         self.owner = owner  # the event loop (ASGI) the wake event belongs to, or None
@@ -45,6 +45,7 @@ class Run:
         self.tab = tab
         self.budget = tab.account.left  # what the run was forwarded
         self.noted: BaseException | None = None  # the give-up its error answer stands for
+        self.callback: str | None = None  # where to POST its answer (async mode), if anywhere
 
 
 class Joining:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from askonce import _stats
@@ -60,10 +60,12 @@ from askonce.integrations._join import (
     principal_of,
     ran,
 )
-from askonce.integrations._join_async import STATUS_PATH, accepted, located, prefer
+from askonce.integrations._join_async import STATUS_PATH, accepted, located, location, prefer
 from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
+from askonce.integrations.callbacks import CALLBACK_HEADER, Allow, Hooks, adeliver, asked
 
 if TYPE_CHECKING:
+    from askonce.core.signing import Secret
     from askonce.stores.join_redis import RedisJoinStore
 
 __all__ = ["JOINED_HEADER", "STATUS_PATH", "JoinASGIMiddleware"]
@@ -90,7 +92,8 @@ class JoinASGIMiddleware(Joining):
     def __init__(self, app: ASGIApp, *, policy: JoinPolicy = JoinPolicy(),
                  principal: Callable[[Scope], str] | None = None,
                  store: RedisJoinStore | None = None, status_path: str = STATUS_PATH,
-                 max_background: int = 100) -> None:
+                 max_background: int = 100, callbacks: Allow | None = None,
+                 callback_secret: Secret | Sequence[Secret] | None = None) -> None:
         super().__init__(app, policy, principal, kind="an ASGI", request="scope")
         if store is not None and not callable(getattr(store, "aarrive", None)):
             raise ValueError(f"store must be a RedisJoinStore, got {store!r}")
@@ -104,6 +107,8 @@ class JoinASGIMiddleware(Joining):
         self.status_path = status_path
         self.max_background = max_background
         self._background: set[asyncio.Task[None]] = set()
+        self._hooks = Hooks.build(callbacks, callback_secret)
+        self._deliveries: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         frame = current_frame()
@@ -128,6 +133,7 @@ class JoinASGIMiddleware(Joining):
             await self._shared(key, fingerprint, rejoin, tab, scope, receive, send)
             return
         later = prefer(scope).respond_async and not rejoin
+        hook = _hook(self._hooks, scope, who) if later else None
         loop = asyncio.get_running_loop()
         for _ in range(MAX_REARRIVALS):
             with self._lock:
@@ -137,6 +143,9 @@ class JoinASGIMiddleware(Joining):
                         self.joins.abandon(key, entry)
                     else:
                         entry.signal = Run(loop, asyncio.Event(), tab)
+                if later and hook is not None and entry is not None \
+                        and isinstance(entry.signal, Run) and entry.signal.callback is None:
+                    entry.signal.callback = hook  # the first callback asked for a run is its
             _stats.count(f"server.join.{verdict.value}")
             if verdict is Verdict.RUN and entry is not None and not rejoin:
                 if later and len(self._background) < self.max_background:
@@ -145,6 +154,8 @@ class JoinASGIMiddleware(Joining):
                     return
                 if later:
                     _stats.count("server.join.async.full")  # the preference is ignored
+                    if isinstance(entry.signal, Run):
+                        entry.signal.callback = None  # answered inline: no callback
                 if tab.deadline is not None:
                     detach()  # its caller may re-attach: a disconnect does not cancel it
                 await self._run(key, entry, scope, receive, send)
@@ -194,6 +205,22 @@ class JoinASGIMiddleware(Joining):
             run = entry.signal
             if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
                 run.wake.set()  # this loop's: the run and its waiters share it
+            if isinstance(run, Run) and run.callback is not None:
+                self._deliver(run.callback, key, scope, answer)
+
+    def _deliver(self, url: str, key: tuple[str, str, str], scope: Scope,
+                 answer: Answer | None) -> None:
+        """POST ``answer`` to ``url`` in a task of its own (at most ``max_background``)."""
+        if self._hooks is None:
+            return
+        if len(self._deliveries) >= self.max_background:
+            _stats.count("server.join.callback.dropped")
+            return
+        where = str(scope.get("root_path", "")) + location(self.status_path, key)
+        task = asyncio.get_running_loop().create_task(
+            adeliver(self._hooks, url, key[2], where, answer))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
 
     async def _shared(self, key: tuple[str, str, str], fingerprint: bytes, rejoin: bool,
@@ -369,6 +396,12 @@ def _replaying(buffered: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def _hook(hooks: Hooks | None, scope: Scope, who: str) -> str | None:
+    """The callback URL the request asks for (``askonce-callback``), if allowed."""
+    return asked(hooks, (v.decode("latin-1") for k, v in scope.get("headers", ())
+                         if k == CALLBACK_HEADER), who)
 
 
 def _loop_of(entry: Entry) -> object:

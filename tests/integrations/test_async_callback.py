@@ -1,0 +1,241 @@
+"""Signed callbacks of async mode on real servers on 127.0.0.1: a joining callee asked
+``Prefer: respond-async`` with ``askonce-callback`` POSTs the answer there once, signed; a
+``CallbackReceiver`` verifies it and hands it to whoever awaits it; a URL the callee does not
+allow is never contacted; WSGI async mode; two replicas behind one Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import askonce
+from askonce.core.callback import CallbackError
+from askonce.core.wire import QUESTION_HEADER, format_question
+from askonce.integrations.asgi import AskonceASGIMiddleware
+from askonce.integrations.asgi_join import JoinASGIMiddleware
+from askonce.integrations.callbacks import TRIES, CallbackReceiver, verify_callback
+from askonce.propagation import new_key
+from e2e_services import uvicorn_running
+from stats_delta import delta
+
+SECRET = b"callback-secret-0123456789"
+JOINED = "askonce-joined"
+
+
+class Slow:
+    """Takes ``seconds`` per run, counts its runs per question key."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.runs: Counter[str] = Counter()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = (await receive()).get("body", b"")
+        q = askonce.current()
+        self.runs[q.key if q is not None else "-"] += 1
+        await asyncio.sleep(self.seconds)
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"made " + body})
+
+
+class Recorded:
+    """An ASGI app in front of another that keeps every request it got (headers, body)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.got: list[tuple[list[tuple[bytes, bytes]], bytes]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        message = await receive()
+        self.got.append((list(scope["headers"]), message.get("body", b"")))
+
+        async def again() -> dict[str, Any]:
+            return message
+
+        await self.app(scope, again, send)
+
+
+class Listener:
+    """A socket on 127.0.0.1 that counts the connections made to it (and answers none)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    it = Listener()
+    yield it
+    it.close()
+
+
+def _callee(handler: Any, hooks: str | None, **options: Any) -> Any:
+    allow = None if hooks is None else (hooks,)
+    join = JoinASGIMiddleware(handler, callbacks=allow, callback_secret=SECRET, **options)
+    return AskonceASGIMiddleware(join, layer="callee")
+
+
+def _ask(key: str, callback: str | None, deadline: float = 30.0) -> dict[str, str]:
+    headers = {QUESTION_HEADER: format_question(key, "edge", True, 2, deadline),
+               "prefer": "respond-async"}
+    if callback is not None:
+        headers["askonce-callback"] = callback
+    return headers
+
+
+def test_the_answer_is_posted_once_signed_and_verifiable_beside_the_status_location() -> None:
+    handler, key = Slow(0.5), new_key()
+    receiver = CallbackReceiver(SECRET)
+    recorded = Recorded(receiver)
+    before = askonce.stats()
+    with uvicorn_running(recorded) as hooks, \
+            uvicorn_running(_callee(handler, hooks + "/hooks/")) as url, \
+            httpx.Client(base_url=url, timeout=20.0) as c:
+        first = c.post("/orders", content=b"one", headers=_ask(key, hooks + "/hooks/a"))
+        again = c.post("/orders", content=b"one", headers=_ask(key, hooks + "/hooks/a"))
+        assert first.status_code == again.status_code == 202
+        got = asyncio.run(receiver.answer(key, 20.0))
+        polled = c.get(first.headers["location"], headers={"prefer": "wait=20"})
+    assert (got.key, got.status, got.body, got.content_type) == (key, 201, b"made one",
+                                                                 "text/plain")
+    assert got.location == first.headers["location"]
+    assert polled.status_code == 201 and polled.text == "made one"  # the GET works beside it
+    assert handler.runs[key] == 1 and len(recorded.got) == 1  # once, though asked twice
+    assert delta(before).get("server.join.callback.sent") == 1
+    # What came over the wire verifies with the secret, and not once anything is changed.
+    headers, body = recorded.got[0]
+    now = time.time()
+    assert verify_callback(headers, body, SECRET, now).body == b"made one"
+    with pytest.raises(CallbackError) as tampered:
+        verify_callback(headers, body + b"!", SECRET, now)
+    assert tampered.value.reason == "signature"
+    with pytest.raises(CallbackError) as forged:
+        verify_callback(headers, body, b"another-secret-0123456789", now)
+    assert forged.value.reason == "signature"
+    with pytest.raises(CallbackError) as old:
+        verify_callback(headers, body, SECRET, now + 301.0, max_age=300.0)
+    assert old.value.reason == "stale"
+    with pytest.raises(CallbackError) as twice:
+        verify_callback([*headers, (b"askonce-callback-status", b"200")], body, SECRET, now)
+    assert twice.value.reason == "repeated"
+
+
+@pytest.mark.parametrize("allow", [None, "other"])
+def test_a_callback_url_the_callee_does_not_allow_is_never_contacted(
+        listener: Listener, allow: str | None) -> None:
+    handler, key = Slow(0.1), new_key()
+    hooks = None if allow is None else "http://127.0.0.1:1/hooks/"
+    before = askonce.stats()
+    with uvicorn_running(_callee(handler, hooks)) as url, \
+            httpx.Client(base_url=url, timeout=20.0) as c:
+        sneaky = f"http://127.0.0.1:{listener.port}/hooks/a"
+        accepted = c.post("/x", headers=_ask(key, sneaky))
+        assert accepted.status_code == 202  # async mode goes on; the callback is not taken
+        done = c.get(accepted.headers["location"], headers={"prefer": "wait=20"})
+        assert done.status_code == 201
+        time.sleep(0.5)  # what a delivery would have needed to connect
+    assert listener.connections == 0
+    moved = delta(before)
+    assert moved.get("server.join.callback.refused") == 1
+    assert "server.join.callback.sent" not in moved and "server.join.callback.failed" not in moved
+
+
+def test_a_receiver_that_keeps_failing_is_tried_a_bounded_number_of_times() -> None:
+    tries: list[int] = []
+
+    async def failing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        tries.append(1)
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    handler, key = Slow(0.0), new_key()
+    before = askonce.stats()
+    with uvicorn_running(failing) as hooks, \
+            uvicorn_running(_callee(handler, hooks + "/")) as url:
+        r = httpx.post(url + "/x", headers=_ask(key, hooks + "/h"), timeout=20.0)
+        assert r.status_code == 202
+        limit = time.monotonic() + 30
+        while "server.join.callback.gave-up" not in delta(before) and time.monotonic() < limit:
+            time.sleep(0.05)
+    moved = delta(before)
+    assert len(tries) == TRIES and moved["server.join.callback.failed"] == TRIES
+    assert moved["server.join.callback.gave-up"] == 1 and "server.join.callback.sent" not in moved
+
+
+def test_a_run_that_ends_without_an_answer_says_so_by_callback() -> None:
+    handler, key = Slow(30.0), new_key()
+    receiver = CallbackReceiver(SECRET)
+    with uvicorn_running(receiver) as hooks, \
+            uvicorn_running(_callee(handler, hooks + "/")) as url:
+        r = httpx.post(url + "/x", headers=_ask(key, hooks + "/h", deadline=0.5), timeout=20.0)
+        assert r.status_code == 202
+        got = asyncio.run(receiver.answer(key, 20.0))
+    assert got.status == 504 and got.body == b"" and handler.runs[key] == 1
+
+
+def test_the_receiver_refuses_what_is_not_signed_and_stays_bounded() -> None:
+    receiver = CallbackReceiver(SECRET, max_pending=2)
+    key = new_key()
+    before = askonce.stats()
+    with uvicorn_running(receiver) as hooks, httpx.Client(base_url=hooks, timeout=20.0) as c:
+        assert c.post("/", content=b"x").status_code == 400
+        forged = {"askonce-callback-key": key, "askonce-callback-location": "/x",
+                  "askonce-callback-status": "200", "askonce-callback-timestamp":
+                  str(int(time.time())), "askonce-callback-signature": "AAAA"}
+        assert c.post("/", content=b"x", headers=forged).status_code == 401
+        assert c.get("/").status_code == 405
+        with pytest.raises(TimeoutError):
+            asyncio.run(receiver.answer(key, 0.2))  # nothing was resolved
+    assert len(receiver) == 0
+
+    async def fill() -> None:
+        waiting = [asyncio.create_task(receiver.answer(new_key(), 20.0)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert len(receiver) == 2
+        with pytest.raises(LookupError):
+            await receiver.answer(new_key(), 1.0)  # a third pending key: the table is full
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+    asyncio.run(fill())
+    assert len(receiver) == 0  # the cancelled waits left nothing behind
+    moved = delta(before)
+    assert moved["callback.refused.missing"] == 1 and moved["callback.refused.signature"] == 1
+    assert moved["callback.full"] == 1
