@@ -8,6 +8,7 @@ lowered to it, and its ``askonce-reply`` says so.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import threading
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 from askonce import _stats
 from askonce._replies import recording
 from askonce.core import wire
-from askonce.core.join import JoinPolicy, Joins
+from askonce.core.join import Answer, JoinPolicy, Joins, Verdict
 from askonce.core.question import Tab
 from askonce.core.wire import REPLY_HEADER, Reply
 from askonce.integrations._server import Arrival, note_failure
@@ -25,6 +26,7 @@ JOINED_HEADER = b"askonce-joined"
 MAX_REARRIVALS = 3  # a waiter whose run was abandoned arrives again, at most this often
 MAX_WAIT = 300.0  # seconds a waiter waits for a question without a deadline
 CONFLICT_BODY = b"this question's key came with another request"
+CONFLICT = Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY)
 # A re-attach with no run to join (status, headers, body): what was held for the lost run is not
 # this callee's to give back, so the reply says none is left.
 _REFUSED_BODY = b"askonce: no run of this question to join here\n"
@@ -32,6 +34,40 @@ REFUSED = (503, (("content-type", "text/plain; charset=utf-8"),
                  ("content-length", str(len(_REFUSED_BODY))),
                  (REPLY_HEADER, wire.format_reply(Reply(0, True, "exhausted", joins=True)))),
            _REFUSED_BODY)
+
+
+class Step(enum.Enum):
+    """What a join middleware does with one arrival (:func:`step`)."""
+
+    RUN = "run"  # run the handler for its caller
+    LATER = "later"  # run it in the background; answer 202 (async mode)
+    ACCEPT = "accept"  # another run answers it: 202 (async mode)
+    WAIT = "wait"  # wait for the run in flight, answer with its answer
+    REPLAY = "replay"  # answer with the kept answer
+    CONFLICT = "conflict"  # 422
+    PASS = "pass"  # run unjoined (a re-attach: refused)
+
+
+def step(verdict: Verdict, found: bool, rejoin: bool, later: bool, room: bool) -> Step:
+    """The one place a join verdict becomes an action, for every join middleware and store.
+
+    ``found``: what the verdict needs came with it (the entry, the lease token, the kept answer);
+    ``rejoin``: the arrival is a re-attach (it may join, never run); ``later``: it asked
+    ``Prefer: respond-async`` and this callee may answer so; ``room``: a background slot is free.
+    """
+    if verdict is Verdict.CONFLICT:
+        return Step.CONFLICT
+    if not found or verdict is Verdict.BYPASS:
+        return Step.PASS
+    if verdict is Verdict.RUN:
+        if rejoin:
+            return Step.PASS  # nothing to join: the lost run may still be going elsewhere
+        if later and not room:
+            _stats.count("server.join.async.full")  # the preference is ignored
+        return Step.LATER if later and room else Step.RUN
+    if verdict is Verdict.WAIT:
+        return Step.ACCEPT if later else Step.WAIT
+    return Step.REPLAY
 
 
 class Run:

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import base64
 
-from askonce.core.join import Preference, parse_prefer
+from askonce import _stats
+from askonce.core.join import Answer, Preference, parse_prefer
 from askonce.core.wire import REPLY_HEADER, Reply, format_reply
 from askonce.integrations.asgi import Scope, Send
 
 # What a 202's reply says: this callee joins, and none of the budget comes back (the run spends it).
 _SPENT = format_reply(Reply(0, joins=True)).encode("ascii")
 
-__all__ = ["MAX_LONG_POLL", "STATUS_PATH", "accepted", "located", "location", "prefer"]
+__all__ = ["MAX_LONG_POLL", "STATUS_PATH", "accepted", "accepted_answer", "located", "location",
+           "prefer", "status_answer"]
 
 PREFER = b"prefer"
 STATUS_PATH = "/.askonce/answers/"
 MAX_LONG_POLL = 30.0  # seconds a status GET may hold (``Prefer: wait=N``)
+UNKNOWN_BODY = b"askonce: no such question here (or its answer was not kept): ask it again\n"
+_UNKNOWN = Answer(404, ((b"content-type", b"text/plain"),), UNKNOWN_BODY)
+_DOWN = Answer(503, ((b"content-type", b"text/plain"), (b"retry-after", b"1")),
+               b"askonce: the join store cannot be asked now: try again\n")
 
 
 def prefer(scope: Scope) -> Preference:
@@ -49,15 +55,34 @@ def located(token: str) -> tuple[str, str] | None:
     return (operation, key) if sep and key else None
 
 
-async def accepted(scope: Scope, send: Send, status_path: str, key: tuple[str, str, str]
-                    ) -> None:
-    """202: the answer will be at the status location. Its reply says no budget is left: the run
-    in the background spends what was forwarded, so the caller must not take it back (fail
-    closed, as for a call whose answer has not come)."""
-    where = str(scope.get("root_path", "")) + location(status_path, key)
+def accepted_answer(where: str) -> Answer:
+    """202: the answer will be at the status location ``where``. Its reply says no budget is
+    left: the run in the background spends what was forwarded, so the caller must not take it
+    back (fail closed, as for a call whose answer has not come)."""
     body = f"askonce: accepted; GET {where} for the answer\n".encode()
-    await send({"type": "http.response.start", "status": 202, "headers": [
-        (b"content-type", b"text/plain; charset=utf-8"), (b"location", where.encode()),
-        (b"preference-applied", b"respond-async"), (b"retry-after", b"1"),
-        (REPLY_HEADER.encode(), _SPENT)]})
-    await send({"type": "http.response.body", "body": body})
+    return Answer(202, ((b"content-type", b"text/plain; charset=utf-8"),
+                        (b"location", where.encode()), (b"preference-applied", b"respond-async"),
+                        (b"retry-after", b"1"), (REPLY_HEADER.encode(), _SPENT)), body)
+
+
+def status_answer(state: str, answer: Answer | None, where: str) -> tuple[Answer, bool]:
+    """What a status GET answers for a question in ``state`` (``answer``: its kept answer,
+    ``running``, ``down``: the store cannot be asked, anything else: unknown), and whether it
+    is the run's answer (marked ``askonce-joined: replay``)."""
+    if state == "answer" and answer is not None:
+        return answer, True
+    if state == "running":
+        return accepted_answer(where), False
+    if state == "down":
+        return _DOWN, False
+    # never asked, another principal's, expired, or it ended with no answer kept
+    _stats.count("server.join.status.unknown")
+    return _UNKNOWN, False
+
+
+async def accepted(scope: Scope, send: Send, status_path: str, key: tuple[str, str, str]
+                   ) -> None:
+    """The 202 of :func:`accepted_answer`, sent."""
+    answer = accepted_answer(str(scope.get("root_path", "")) + location(status_path, key))
+    await send({"type": "http.response.start", "status": 202, "headers": list(answer.headers)})
+    await send({"type": "http.response.body", "body": answer.body})

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from askonce import _stats
@@ -45,13 +46,14 @@ from askonce.core.join import Answer, Entry, JoinPolicy, Verdict
 from askonce.core.question import Tab
 from askonce.core.wire import is_rejoin
 from askonce.integrations._join import (
-    CONFLICT_BODY,
+    CONFLICT,
     JOINED_HEADER,
     MAX_REARRIVALS,
     MAX_WAIT,
     REFUSED,
     Joining,
     Run,
+    Step,
     announce,
     answered_by_run,
     detach,
@@ -59,8 +61,16 @@ from askonce.integrations._join import (
     joined,
     principal_of,
     ran,
+    step,
 )
-from askonce.integrations._join_async import STATUS_PATH, accepted, located, location, prefer
+from askonce.integrations._join_async import (
+    STATUS_PATH,
+    accepted,
+    located,
+    location,
+    prefer,
+    status_answer,
+)
 from askonce.integrations.asgi import ASGIApp, Message, Receive, Scope, Send
 from askonce.integrations.callbacks import CALLBACK_HEADER, Allow, Hooks, adeliver, asked
 
@@ -71,7 +81,6 @@ if TYPE_CHECKING:
 __all__ = ["JOINED_HEADER", "STATUS_PATH", "JoinASGIMiddleware"]
 
 QUESTION = b"askonce-question"
-UNKNOWN_BODY = b"askonce: no such question here (or its answer was not kept): ask it again\n"
 
 
 async def _refuse(send: Send) -> None:
@@ -129,11 +138,12 @@ class JoinASGIMiddleware(Joining):
         key = (who, f"{scope.get('method', '')} {scope.get('path', '')}", frame[0].key)
         fingerprint = digest(scope.get("query_string", b""), body)
         tab = frame[0]
-        if self.store is not None:
-            await self._shared(key, fingerprint, rejoin, tab, scope, receive, send)
-            return
         later = prefer(scope).respond_async and not rejoin
         hook = _hook(self._hooks, scope, who) if later else None
+        if self.store is not None:
+            await self._shared(key, fingerprint, rejoin, later, hook, tab, scope, body, receive,
+                               send)
+            return
         loop = asyncio.get_running_loop()
         for _ in range(MAX_REARRIVALS):
             with self._lock:
@@ -143,31 +153,29 @@ class JoinASGIMiddleware(Joining):
                         self.joins.abandon(key, entry)
                     else:
                         entry.signal = Run(loop, asyncio.Event(), tab)
-                if later and hook is not None and entry is not None \
-                        and isinstance(entry.signal, Run) and entry.signal.callback is None:
-                    entry.signal.callback = hook  # the first callback asked for a run is its
             _stats.count(f"server.join.{verdict.value}")
-            if verdict is Verdict.RUN and entry is not None and not rejoin:
-                if later and len(self._background) < self.max_background:
-                    self._later(key, entry, scope, body, tab.deadline)
-                    await accepted(scope, send, self.status_path, key)
-                    return
-                if later:
-                    _stats.count("server.join.async.full")  # the preference is ignored
-                    if isinstance(entry.signal, Run):
-                        entry.signal.callback = None  # answered inline: no callback
+            same = entry is None or verdict is not Verdict.WAIT or _loop_of(entry) is loop
+            if not same:
+                _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
+            todo = step(verdict, entry is not None and same, rejoin, later,
+                        len(self._background) < self.max_background)
+            run = None if entry is None else entry.signal
+            if isinstance(run, Run) and todo in (Step.LATER, Step.ACCEPT) and run.callback is None:
+                run.callback = hook  # the first callback asked for a run is its
+            if todo is Step.LATER and entry is not None:
+                self._later(functools.partial(self._run, key, entry, scope), body, tab.deadline)
+                await accepted(scope, send, self.status_path, key)
+                return
+            if todo is Step.RUN and entry is not None:
                 if tab.deadline is not None:
                     detach()  # its caller may re-attach: a disconnect does not cancel it
                 await self._run(key, entry, scope, receive, send)
                 return
-            if verdict is Verdict.WAIT and later and entry is not None and _loop_of(entry) is loop:
+            if todo is Step.ACCEPT:
                 answered_by_run()  # the run in flight will answer it: it starts none
                 await accepted(scope, send, self.status_path, key)
                 return
-            if verdict is Verdict.WAIT and entry is not None and _loop_of(entry) is not loop:
-                _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
-                break
-            if verdict is Verdict.WAIT and entry is not None:
+            if todo is Step.WAIT and entry is not None:
                 try:
                     answer = await _wait(entry, tab.deadline)
                 except BaseException:  # cancelled (its caller left): it started no run either
@@ -178,13 +186,12 @@ class JoinASGIMiddleware(Joining):
                 joined(tab, entry.signal)
                 await _send(send, answer, b"wait")
                 return
-            if verdict is Verdict.REPLAY and entry is not None and entry.answer is not None:
+            if todo is Step.REPLAY and entry is not None and entry.answer is not None:
                 joined(tab, entry.signal)  # (a kept answer is never a failure: nothing to note)
                 await _send(send, entry.answer, b"replay")
                 return
-            if verdict is Verdict.CONFLICT:
-                await _send(send, Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY),
-                            None)
+            if todo is Step.CONFLICT:
+                await _send(send, CONFLICT, None)
                 return
             break  # BYPASS, or RUN for a re-attach
         await (_refuse(send) if rejoin else self.app(scope, receive, send))
@@ -222,9 +229,9 @@ class JoinASGIMiddleware(Joining):
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-
     async def _shared(self, key: tuple[str, str, str], fingerprint: bytes, rejoin: bool,
-                      tab: Tab, scope: Scope, receive: Receive, send: Send) -> None:
+                      later: bool, hook: str | None, tab: Tab, scope: Scope, body: bytes,
+                      receive: Receive, send: Send) -> None:
         """The same decisions, in the fleet's Redis store (``askonce.stores.join_redis``)."""
         store = self.store
         assert store is not None
@@ -232,16 +239,31 @@ class JoinASGIMiddleware(Joining):
             verdict, answer, token = await store.aarrive(key, fingerprint, self.policy,
                                                          may_run=not rejoin)
             _stats.count(f"server.join.{verdict.value}")
-            if verdict is Verdict.RUN and token is not None:
+            room = len(self._background) < self.max_background
+            found = token is not None if verdict is Verdict.RUN else (
+                answer is not None if verdict is Verdict.REPLAY else True)
+            todo = step(verdict, found, rejoin, later, room)
+            if todo is Step.LATER and token is not None:
+                self._later(functools.partial(self._run_shared, key, token, hook, scope), body,
+                            tab.deadline)
+                await accepted(scope, send, self.status_path, key)
+                return
+            if todo is Step.RUN and token is not None:
                 if tab.deadline is not None:
                     detach()
-                capture = _Capture(send, self.policy.max_body)
-                try:
-                    await self.app(scope, receive, capture)
-                finally:
-                    await store.afinish(key, token, capture.answer(), self.policy)
+                await self._run_shared(key, token, None, scope, receive, send)
                 return
-            if verdict is Verdict.WAIT:
+            if todo is Step.ACCEPT:
+                answered_by_run()  # a run in the fleet answers it: this arrival starts none
+                if hook is not None and room:
+                    self._watch(key, scope, tab.deadline, hook)  # waits in the background
+                else:
+                    if hook is not None:
+                        _stats.count("server.join.callback.dropped")
+                    store.unwait()
+                await accepted(scope, send, self.status_path, key)
+                return
+            if todo is Step.WAIT:
                 try:
                     answer = await store.await_answer(key, _left(tab.deadline), self.policy)
                 except BaseException:
@@ -251,17 +273,46 @@ class JoinASGIMiddleware(Joining):
                     continue  # the run ended without an answer, or its holder died
                 await _send(send, answer, b"wait")
                 return
-            if verdict is Verdict.REPLAY and answer is not None:
+            if todo is Step.REPLAY and answer is not None:
                 await _send(send, answer, b"replay")
                 return
-            if verdict is Verdict.CONFLICT:
-                await _send(send, Answer(422, ((b"content-type", b"text/plain"),), CONFLICT_BODY),
-                            None)
+            if todo is Step.CONFLICT:
+                await _send(send, CONFLICT, None)
                 return
             break
         await (_refuse(send) if rejoin else self.app(scope, receive, send))
 
-    def _later(self, key: tuple[str, str, str], entry: Entry, scope: Scope, body: bytes,
+    async def _run_shared(self, key: tuple[str, str, str], token: bytes, hook: str | None,
+                          scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the handler holding the store's lease; its answer goes to the store (and to
+        ``hook``, the callback URL, if any)."""
+        store = self.store
+        assert store is not None
+        capture = _Capture(send, self.policy.max_body)
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            answer = capture.answer()
+            await store.afinish(key, token, answer, self.policy)
+            if hook is not None:
+                self._deliver(hook, key, scope, answer)
+
+    def _watch(self, key: tuple[str, str, str], scope: Scope, deadline: float | None,
+               hook: str) -> None:
+        """Wait in the background for a run elsewhere in the fleet, and POST its answer to
+        ``hook`` (the store's waiter slot this arrival took is the watcher's)."""
+        store = self.store
+        assert store is not None
+
+        async def watch() -> None:
+            answer = await store.await_answer(key, _left(deadline), self.policy)
+            self._deliver(hook, key, scope, None if answer is store.TIMED_OUT else answer)
+
+        task = asyncio.get_running_loop().create_task(watch())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _later(self, run: Callable[[Receive, Send], Awaitable[None]], body: bytes,
                deadline: float | None) -> None:
         """Run the question in the background (``Prefer: respond-async``), within its deadline
         (or ``MAX_WAIT``); its answer is kept as any other, for the status location."""
@@ -274,16 +325,15 @@ class JoinASGIMiddleware(Joining):
         async def sink(message: Message) -> None:
             pass
 
-        async def run() -> None:
+        async def background() -> None:
             try:
-                await asyncio.wait_for(self._run(key, entry, scope, receive, sink),
-                                       _left(deadline))
+                await asyncio.wait_for(run(receive, sink), _left(deadline))
             except Exception:  # the run's own failure is its answer's business: none is kept
                 _stats.count("server.join.async.failed")
 
         pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
         _stats.count("server.join.async")
-        task = asyncio.get_running_loop().create_task(run())
+        task = asyncio.get_running_loop().create_task(background())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -293,26 +343,34 @@ class JoinASGIMiddleware(Joining):
         found = located(str(scope.get("path", ""))[len(self.status_path):])
         who = principal_of(self.principal, scope)
         if found is None or who is None or scope.get("method") not in ("GET", "HEAD"):
-            _stats.count("server.join.status.unknown")
-            await _send(send, Answer(404, ((b"content-type", b"text/plain"),), UNKNOWN_BODY), None)
+            answer, _ = status_answer("unknown", None, "")
+            await _send(send, answer, None)
             return
         key = (who, *found)
+        wait = prefer(scope).wait or 0.0
+        if self.store is not None:
+            state, kept = await self.store.alook(key, self.policy, wait)
+        else:
+            state, kept = await self._look(key, wait)
+        answer, replay = status_answer(state, kept, str(scope.get("root_path", ""))
+                                       + location(self.status_path, key))
+        await _send(send, answer, b"replay" if replay else None)
+
+    async def _look(self, key: tuple[str, str, str], wait: float
+                    ) -> tuple[str, Answer | None]:
+        """The memory table's state of a question (see ``status_answer``), after waiting up to
+        ``wait`` seconds for its run to end."""
+        loop = asyncio.get_running_loop()
         with self._lock:
-            entry = self.joins.peek(key, asyncio.get_running_loop().time())
-        wait = prefer(scope).wait
-        if entry is not None and not entry.done and wait and _loop_of(entry) is \
-                asyncio.get_running_loop():
+            entry = self.joins.peek(key, loop.time())
+        if entry is not None and not entry.done and wait and _loop_of(entry) is loop:
             run = entry.signal
             if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(run.wake.wait(), wait)
         if entry is not None and entry.done and entry.answer is not None:
-            await _send(send, entry.answer, b"replay")
-        elif entry is not None and not entry.done:
-            await accepted(scope, send, self.status_path, key)
-        else:  # never asked, another principal's, expired, or it ended with no answer kept
-            _stats.count("server.join.status.unknown")
-            await _send(send, Answer(404, ((b"content-type", b"text/plain"),), UNKNOWN_BODY), None)
+            return "answer", entry.answer
+        return ("running", None) if entry is not None and not entry.done else ("none", None)
 
 
 class _Capture:

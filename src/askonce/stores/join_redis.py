@@ -24,9 +24,12 @@ list the holder pushes its answer onto when it finishes, for the waiters).
   that skipped it). Waiters are bounded by ``max_waiters`` per process (past it they run
   unjoined, ``server.join.redis.waiters-full``): each holds a blocking connection.
 
+* Async mode (``Prefer: respond-async``): the status GET at any replica reads the kept answer
+  (:meth:`RedisJoinStore.look`; a long-poll waits on ``done`` as a waiter does), under the GET's
+  own principal (the principal is part of the question's keys).
+
 What is not shared: the waiter's budget accounting against the run's (a waiter in another process
-cannot see the run's account: its reply states its own), and async-mode status locations (those
-need the memory table).
+cannot see the run's account: its reply states its own).
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ _VERDICTS = {b"run": Verdict.RUN, b"wait": Verdict.WAIT, b"replay": Verdict.REPL
 class RedisJoinStore:
     """See the module docstring. ``lease``: seconds a holder that stopped renewing keeps the
     question (its waiters take it over after that)."""
+
+    TIMED_OUT = TIMED_OUT
 
     def __init__(self, url: str, *, lease: float = 10.0, op_timeout: float = 0.2,
                  retry_after: float = 1.0, max_waiters: int = 1000,
@@ -162,13 +167,34 @@ class RedisJoinStore:
                 _stats.count("server.join.redis.bad-answer")
                 return Verdict.BYPASS, None
             return verdict, answer
-        elif verdict is Verdict.WAIT:
-            with self._lock:
-                if self._waiters >= self.max_waiters:
-                    _stats.count("server.join.redis.waiters-full")
-                    return Verdict.BYPASS, None
-                self._waiters += 1
+        elif verdict is Verdict.WAIT and not self._admit():
+            return Verdict.BYPASS, None
         return verdict, None
+
+    def _admit(self) -> bool:
+        """Take a waiter's slot (each holds a blocking connection while it waits)."""
+        with self._lock:
+            if self._waiters >= self.max_waiters:
+                _stats.count("server.join.redis.waiters-full")
+                return False
+            self._waiters += 1
+            return True
+
+    def unwait(self) -> None:
+        """A ``WAIT`` verdict that is not followed by :meth:`wait` or :meth:`await_answer` (an
+        async-mode arrival answered 202) gives its waiter's slot back."""
+        with self._lock:
+            self._waiters -= 1
+
+    def _looked(self, out: Any, policy: JoinPolicy) -> tuple[str, Answer | None]:
+        raw, leased = out
+        if raw:
+            answer = decode_answer(bytes(raw)[32:], policy.max_body)
+            if answer is None:
+                _stats.count("server.join.redis.bad-answer")
+                return "none", None
+            return "answer", answer
+        return ("running", None) if leased else ("none", None)
 
     def _finishing(self, scope: Scope, token: bytes, answer: Answer | None, policy: JoinPolicy
                    ) -> tuple[list[bytes], list[bytes]]:
@@ -270,7 +296,50 @@ class RedisJoinStore:
             with self._lock:
                 self._waiters -= 1
 
+    def look(self, scope: Scope, policy: JoinPolicy, wait: float = 0.0
+             ) -> tuple[str, Answer | None]:
+        """An async-mode status GET: ``("answer", kept answer)``, ``("running", None)`` (after
+        waiting up to ``wait`` seconds for it to end, without polling), ``("none", None)``, or
+        ``("down", None)`` when Redis cannot be asked."""
+        if self._skip():
+            return "down", None
+        keys = self._keys(scope)
+        try:
+            state = self._looked(self._peek(keys), policy)
+            if state[0] == "running" and wait > 0 and self._admit():
+                self.wait(scope, wait, policy)
+                state = self._looked(self._peek(keys), policy)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return "down", None
+        return state
+
+    def _peek(self, keys: list[bytes]) -> Any:
+        pipe: Any = self._ops.pipeline(transaction=False)
+        pipe.get(keys[1])
+        pipe.exists(keys[0])
+        return pipe.execute()
+
     # --- async (ASGI): the same on redis.asyncio, in the serving loop ---------------------------
+
+    async def alook(self, scope: Scope, policy: JoinPolicy, wait: float = 0.0
+                    ) -> tuple[str, Answer | None]:
+        """:meth:`look`, async."""
+        if self._skip():
+            return "down", None
+        self._async()
+        keys = self._keys(scope)
+        try:
+            state = self._looked(await self._aops.pipeline(transaction=False).get(keys[1])
+                                 .exists(keys[0]).execute(), policy)
+            if state[0] == "running" and wait > 0 and self._admit():
+                await self.await_answer(scope, wait, policy)
+                state = self._looked(await self._aops.pipeline(transaction=False)
+                                     .get(keys[1]).exists(keys[0]).execute(), policy)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return "down", None
+        return state
 
     def _async(self) -> None:
         if self._aops is None:
