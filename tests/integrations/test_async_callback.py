@@ -22,8 +22,12 @@ from askonce.core.wire import QUESTION_HEADER, format_question
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.integrations.callbacks import TRIES, CallbackReceiver, verify_callback
+from askonce.integrations.wsgi import AskonceWSGIMiddleware
+from askonce.integrations.wsgi_join import JoinWSGIMiddleware
 from askonce.propagation import new_key
-from e2e_services import uvicorn_running
+from askonce.stores.join_redis import RedisJoinStore
+from e2e_services import uvicorn_running, waitress_running
+from redis_server import RedisServer
 from stats_delta import delta
 
 SECRET = b"callback-secret-0123456789"
@@ -239,3 +243,123 @@ def test_the_receiver_refuses_what_is_not_signed_and_stays_bounded() -> None:
     moved = delta(before)
     assert moved["callback.refused.missing"] == 1 and moved["callback.refused.signature"] == 1
     assert moved["callback.full"] == 1
+
+
+# --- WSGI async mode ------------------------------------------------------------------------------
+
+
+class Work:
+    """A WSGI handler that takes ``seconds``, counting its runs per question key."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.runs: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        q = askonce.current()
+        with self.lock:
+            self.runs[q.key if q is not None else "-"] += 1
+        time.sleep(self.seconds)
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"made " + body]
+
+
+def _user(request: dict[str, Any]) -> str:
+    return str(request.get("HTTP_X_USER", ""))
+
+
+def _wsgi_callee(work: Work, hooks: str | None = None, **options: Any) -> Any:
+    join = JoinWSGIMiddleware(work, principal=_user, callbacks=None if hooks is None else (hooks,),
+                              callback_secret=SECRET, **options)
+    return AskonceWSGIMiddleware(join, layer="callee")
+
+
+def test_wsgi_async_mode_answers_at_the_status_location_and_by_callback() -> None:
+    work, key = Work(0.5), new_key()
+    receiver = CallbackReceiver(SECRET)
+    recorded = Recorded(receiver)
+    with uvicorn_running(recorded) as hooks, \
+            waitress_running(_wsgi_callee(work, hooks + "/")) as url, \
+            httpx.Client(base_url=url, timeout=20.0) as c:
+        asked = {**_ask(key, hooks + "/h"), "x-user": "alice"}
+        accepted = c.post("/orders", content=b"one", headers=asked)
+        assert accepted.status_code == 202 and accepted.headers["preference-applied"]
+        where = accepted.headers["location"]
+        assert c.post("/orders", content=b"one", headers=asked).headers["location"] == where
+        assert c.get(where, headers={"x-user": "mallory", "prefer": "wait=1"}).status_code == 404
+        done = c.get(where, headers={"x-user": "alice", "prefer": "wait=20"})
+        got = asyncio.run(receiver.answer(key, 20.0))
+        late = c.post("/orders", content=b"one", headers=asked)
+    assert done.status_code == 201 and done.text == "made one" and done.headers[JOINED] == "replay"
+    assert (got.status, got.body, got.location) == (201, b"made one", where)
+    assert late.status_code == 201 and late.headers[JOINED] == "replay"
+    assert work.runs[key] == 1 and len(recorded.got) == 1
+
+
+def test_wsgi_past_max_background_the_question_runs_inline(listener: Listener) -> None:
+    work, key = Work(0.0), new_key()
+    hooks = f"http://127.0.0.1:{listener.port}/"
+    with waitress_running(_wsgi_callee(work, hooks, max_background=0)) as url:
+        r = httpx.post(url + "/x", content=b"x", headers=_ask(key, hooks + "h"), timeout=20.0)
+    assert r.status_code == 201 and "preference-applied" not in r.headers
+    assert work.runs[key] == 1 and listener.connections == 0  # answered inline: no callback
+
+
+# --- across replicas: one Redis -------------------------------------------------------------------
+
+
+def test_asgi_replicas_asked_at_one_answer_at_the_status_location_of_the_other(
+        shared_redis: RedisServer) -> None:
+    handler, key = Slow(0.5), new_key()
+    receiver = CallbackReceiver(SECRET)
+    recorded = Recorded(receiver)
+
+    def replica(hooks: str) -> Any:
+        store = RedisJoinStore(shared_redis.url, lease=2.0)
+        join = JoinASGIMiddleware(handler, store=store, callbacks=(hooks,),
+                                  callback_secret=SECRET,
+                                  principal=lambda s: dict(s["headers"]).get(b"x-user", b"")
+                                  .decode())
+        return AskonceASGIMiddleware(join, layer="callee")
+
+    with uvicorn_running(recorded) as hooks, uvicorn_running(replica(hooks + "/")) as a, \
+            uvicorn_running(replica(hooks + "/")) as b:
+        asked = {**_ask(key, hooks + "/h"), "x-user": "alice"}
+        accepted = httpx.post(a + "/orders", content=b"one", headers=asked, timeout=20.0)
+        assert accepted.status_code == 202
+        where = accepted.headers["location"]
+        running = httpx.get(b + where, headers={"x-user": "alice"}, timeout=20.0)
+        other = httpx.get(b + where, headers={"x-user": "mallory", "prefer": "wait=1"},
+                          timeout=20.0)
+        done = httpx.get(b + where, headers={"x-user": "alice", "prefer": "wait=20"},
+                         timeout=30.0)
+        got = asyncio.run(receiver.answer(key, 20.0))
+        again = httpx.post(b + "/orders", content=b"one", headers=asked, timeout=20.0)
+    assert running.status_code in (202, 201) and other.status_code == 404
+    assert done.status_code == 201 and done.text == "made one" and done.headers[JOINED] == "replay"
+    assert again.status_code == 201 and again.headers[JOINED] == "replay"
+    assert (got.status, got.body) == (201, b"made one") and len(recorded.got) == 1
+    assert handler.runs[key] == 1
+
+
+def test_wsgi_replicas_asked_at_one_answer_at_the_status_location_of_the_other(
+        shared_redis: RedisServer) -> None:
+    work, key = Work(0.5), new_key()
+
+    def replica() -> Any:
+        return _wsgi_callee(work, store=RedisJoinStore(shared_redis.url, lease=2.0))
+
+    with waitress_running(replica()) as a, waitress_running(replica()) as b:
+        asked = {**_ask(key, None), "x-user": "alice"}
+        accepted = httpx.post(a + "/orders", content=b"one", headers=asked, timeout=20.0)
+        assert accepted.status_code == 202
+        where = accepted.headers["location"]
+        joined = httpx.post(b + "/orders", content=b"one", headers=asked, timeout=20.0)
+        other = httpx.get(b + where, headers={"x-user": "mallory"}, timeout=20.0)
+        done = httpx.get(b + where, headers={"x-user": "alice", "prefer": "wait=20"},
+                         timeout=30.0)
+    assert joined.status_code in (202, 201) and other.status_code == 404
+    assert done.status_code == 201 and done.text == "made one"
+    assert work.runs[key] == 1
