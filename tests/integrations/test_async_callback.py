@@ -17,10 +17,13 @@ import httpx
 import pytest
 
 import askonce
+from askonce import RetryPolicy
+from askonce.client import ClientPolicy
 from askonce.core.callback import CallbackError
 from askonce.core.wire import QUESTION_HEADER, format_question
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
+from askonce.integrations.httpx import AsyncAskonceTransport
 from askonce.integrations.callbacks import TRIES, CallbackReceiver, verify_callback
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from askonce.integrations.wsgi_join import JoinWSGIMiddleware
@@ -363,3 +366,82 @@ def test_wsgi_replicas_asked_at_one_answer_at_the_status_location_of_the_other(
     assert joined.status_code in (202, 201) and other.status_code == 404
     assert done.status_code == 201 and done.text == "made one"
     assert work.runs[key] == 1
+
+
+# --- end to end: edge -> middle -> target, every timeout 1 s, the target taking 5 s ---------------
+
+TIMEOUT = 1.0  # every layer's timeout, per call
+WORK = 5.0  # seconds the target takes
+
+
+class Target:
+    """The target: 5 s of work per run on ``/work`` (at once on ``/ok``), runs counted per key."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        q = askonce.current()
+        if scope["path"] == "/work":
+            self.runs[q.key if q is not None else "-"] += 1
+            await asyncio.sleep(WORK)
+        body = b"worked for " + (q.key.encode() if q is not None else b"-")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _middle(target: str) -> Any:
+    """The middle service: asks the target in async mode (each call within 1 s) and long-polls
+    its status location (each GET within 1 s) until the answer is there."""
+    policy = ClientPolicy(layer="middle", retry=RetryPolicy(attempts=3), bucket=None,
+                          admission=None)
+
+    async def middle(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        end = asyncio.get_running_loop().time() + 20.0
+        async with httpx.AsyncClient(transport=AsyncAskonceTransport(policy=policy),
+                                     timeout=TIMEOUT) as http, \
+                httpx.AsyncClient(timeout=TIMEOUT) as poll:
+            r = await http.post(target + "/work", headers={"prefer": "respond-async"})
+            while r.status_code == 202 and asyncio.get_running_loop().time() < end:
+                r = await poll.get(target + r.headers["location"], headers={"prefer": "wait=0"})
+                if r.status_code == 202:
+                    await asyncio.sleep(0.2)
+        await send({"type": "http.response.start", "status": r.status_code,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"middle: " + r.content})
+
+    return middle
+
+
+async def test_end_to_end_the_answer_arrives_once_by_callback_and_the_target_works_once() -> None:
+    target = Target()
+    receiver = CallbackReceiver(SECRET)
+    recorded = Recorded(receiver)
+    keys = [new_key() for _ in range(3)]
+    before = askonce.stats()
+    with uvicorn_running(recorded) as edge_hooks, \
+            uvicorn_running(AskonceASGIMiddleware(JoinASGIMiddleware(target),
+                                                  layer="target")) as target_url, \
+            uvicorn_running(_callee(_middle(target_url), edge_hooks + "/hooks/")) as middle_url:
+        # The middle has heard the target join before (its replies say j): toward it a call is
+        # given the question's whole time left, not the 1 s the middle waits for each call.
+        with askonce.question(budget=2, deadline=20.0):
+            async with httpx.AsyncClient(transport=AsyncAskonceTransport(),
+                                         timeout=TIMEOUT) as warm:
+                assert (await warm.get(target_url + "/ok")).status_code == 200
+        async with httpx.AsyncClient(timeout=TIMEOUT) as edge:
+            asked = await asyncio.gather(*(edge.post(
+                middle_url + "/ask", headers=_ask(key, edge_hooks + "/hooks/edge", 20.0))
+                for key in keys))
+            assert [r.status_code for r in asked] == [202] * len(keys)
+            got = await asyncio.gather(*(receiver.answer(key, 30.0) for key in keys))
+    for key, callback in zip(keys, got, strict=True):
+        assert callback.status == 200 and callback.body == b"middle: worked for " + key.encode()
+        assert target.runs[key] == 1  # once per question, though every timeout is 1 s
+    assert len(recorded.got) == len(keys)  # each answer once by callback
+    moved = delta(before)
+    assert moved["server.join.callback.sent"] == len(keys)
+    assert "callback.duplicate" not in moved
