@@ -23,8 +23,8 @@ from askonce.core.callback import CallbackError
 from askonce.core.wire import QUESTION_HEADER, format_question
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
-from askonce.integrations.httpx import AsyncAskonceTransport
 from askonce.integrations.callbacks import TRIES, CallbackReceiver, verify_callback
+from askonce.integrations.httpx import AsyncAskonceTransport
 from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from askonce.integrations.wsgi_join import JoinWSGIMiddleware
 from askonce.propagation import new_key
