@@ -103,3 +103,18 @@ def test_callback_urls_are_normalised_and_what_could_escape_a_prefix_is_refused(
     for bad_prefix in ("http://127.0.0.1:8001/hooks", "http://127.0.0.1:8001/?q=1/", "hooks/"):
         with pytest.raises(ValueError, match="callback prefix"):
             prefix(bad_prefix)
+
+
+def test_the_example_in_docs_protocol_md_is_what_the_code_signs_and_checks() -> None:
+    import pathlib
+
+    from askonce.integrations._join_async import location
+
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    start = page.index("POST /hooks/reports HTTP/1.1")
+    example = page[start:page.index("```", start)].split("\n\n", 1)
+    headers = dict(line.split(": ", 1) for line in example[0].splitlines()[1:])
+    body = example[1].rstrip("\n").encode()
+    got = check(headers, body, b"0123456789abcdef0123", now=1764672000.0, max_age=300.0)
+    assert got.location == location("/.askonce/answers/", ("", "POST /reports", got.key))
+    assert (got.status, got.content_type, got.body) == (200, "text/plain", b"the report")

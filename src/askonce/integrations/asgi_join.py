@@ -25,11 +25,14 @@ loop) look like a retry of the first, and are joined or replayed. Bind a child q
 table serves one event loop: a waiter on another loop runs unjoined (``server.join.other-loop``).
 
 ``store``: a :class:`~askonce.stores.join_redis.RedisJoinStore` shares the joins of a fleet of
-replicas (the same decisions, leased in Redis). Async mode (memory table only): a question asked
-with ``Prefer: respond-async`` is answered 202 with a status location under ``status_path`` and
-runs in the background (at most ``max_background`` at once, within its deadline); a GET there
-answers it (``Prefer: wait=N`` long-polls), for the same principal only
-(:mod:`askonce.integrations._join_async`).
+replicas (the same decisions, leased in Redis). Async mode: a question asked with ``Prefer:
+respond-async`` is answered 202 with a status location under ``status_path`` and runs in the
+background (at most ``max_background`` at once, within its deadline); a GET there answers it
+(``Prefer: wait=N`` long-polls), for the same principal only, at any replica sharing the store
+(:mod:`askonce.integrations._join_async`). With ``callbacks=`` (allowed URL prefixes, or a
+callable of the URL and the principal) and ``callback_secret=``, a caller may add
+``askonce-callback: <URL>`` and gets the answer POSTed there, signed
+(:mod:`askonce.integrations.callbacks`); by default the header is ignored.
 """
 
 from __future__ import annotations

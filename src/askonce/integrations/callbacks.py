@@ -273,6 +273,11 @@ class CallbackReceiver:
         return len(self._slots)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":  # served on its own: nothing to start or stop
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
         if scope["type"] != "http":
             return
         if scope.get("method") != "POST":

@@ -14,6 +14,11 @@ is given and at most the policy's ``max_body`` (otherwise it runs unjoined,
 and not kept (``server.join.too-large``): its waiters run the handler themselves. Responses the app
 sends through the legacy ``write`` callable are kept too. ``store``: a
 :class:`~askonce.stores.join_redis.RedisJoinStore` shares the joins of a fleet of replicas.
+
+Async mode and callbacks are ``asgi_join``'s too: the question runs in a pool of at most
+``max_background`` background threads, the request's context (its question and deadline) copied
+there; a WSGI handler cannot be cancelled, so the deadline stops the askonce calls it makes and
+its answer is kept when it returns. Callbacks are delivered from those threads.
 """
 
 from __future__ import annotations
