@@ -445,3 +445,54 @@ async def test_end_to_end_the_answer_arrives_once_by_callback_and_the_target_wor
     moved = delta(before)
     assert moved["server.join.callback.sent"] == len(keys)
     assert "callback.duplicate" not in moved
+
+
+async def test_end_to_end_without_askonce_the_same_stack_times_out_and_multiplies_the_work(
+        ) -> None:
+    runs: Counter[str] = Counter()
+
+    async def target(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        runs[dict(scope["headers"]).get(b"x-request-id", b"-").decode()] += 1
+        await asyncio.sleep(WORK)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"worked"})
+
+    def naive_middle(target_url: str) -> Any:
+        async def middle(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            await receive()
+            rid = dict(scope["headers"]).get(b"x-request-id", b"-")
+            status = 504
+            async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+                for _ in range(3):  # three tries, each within 1 s
+                    try:
+                        status = (await http.get(target_url + "/work",
+                                                 headers={"x-request-id": rid.decode()})
+                                  ).status_code
+                        break
+                    except httpx.TimeoutException:
+                        continue
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        return middle
+
+    with uvicorn_running(target) as target_url, \
+            uvicorn_running(naive_middle(target_url)) as middle_url:
+        async with httpx.AsyncClient(timeout=TIMEOUT) as edge:
+            answered = 0
+            for _ in range(3):  # the edge's three tries
+                try:
+                    r = await edge.get(middle_url + "/ask", headers={"x-request-id": "q1"})
+                    answered += r.status_code == 200
+                except httpx.TimeoutException:
+                    continue
+        limit = time.monotonic() + 30
+        while runs["q1"] < 3 and time.monotonic() < limit:
+            await asyncio.sleep(0.05)  # the middles still trying after the edge left
+    assert answered == 0  # no answer within any 1 s timeout
+    assert runs["q1"] >= 3  # one question, the target's 5 s of work begun again and again
