@@ -9,6 +9,7 @@
     │   ├── DoNotRetry       a callee said do-not-retry (overloaded, cap, ...): passed on
     │   ├── RetryThrottled   this client's retry token bucket for the target is empty
     │   └── CircuitOpen      the target's breaker is open; .retry_at: when it probes again
+    └── AnswerLost           a try taken in async mode (202) lost its answer; .gone: 404 there
 
 A give-up for the layer's *own* limits (attempts used up, not retryable, not idempotent)
 re-raises the original exception instead, with the reply attached as ``exc.askonce_reply``
@@ -67,6 +68,18 @@ class CircuitOpen(GaveUp):
                  retry_at: float | None = None) -> None:
         super().__init__(message, reply=reply, layer=layer, key=key, attempts=attempts)
         self.retry_at = retry_at
+
+
+class AnswerLost(AskonceError):
+    """A try that a callee took in async mode (``ClientPolicy(respond_async=True)``: 202 and a
+    status location) did not get its answer: ``gone`` (the location answered 404: the answer was
+    not kept, expired, or the run ended without one; never retried, the run may have done the
+    work), or the question's deadline came, or the polls' errors ran out (lost as a timed-out try
+    is). Settled fail closed: the budget the try forwarded is not returned."""
+
+    def __init__(self, message: str, *, gone: bool) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 _BY_KIND: dict[Why, type[GaveUp]] = {

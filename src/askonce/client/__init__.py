@@ -46,6 +46,7 @@ from askonce._replies import (
     replies,
     stop_recording,
 )
+from askonce.client.following import AsyncFollowing, Following, followable
 from askonce.client.hedging import Hedgers, hedgers_for, race
 from askonce.client.policy import (
     DEFAULT_RETRY,
@@ -238,8 +239,8 @@ JOINERS = Joiners()
 class _Call:
     """One call's setup, shared by the first-attempt fast path and the loop."""
 
-    __slots__ = ("admission", "bucket", "delay", "exchange", "first", "idempotent", "joiners",
-                 "joins", "path", "race", "sent", "tab", "target")
+    __slots__ = ("admission", "bucket", "delay", "exchange", "first", "follows", "idempotent",
+                 "joiners", "joins", "path", "race", "sent", "tab", "target", "whole")
 
     def __init__(self, caller: Caller, exchange: Exchange[R] | AsyncExchange[R], target: str,
                  idempotent: bool, now: float) -> None:
@@ -264,6 +265,10 @@ class _Call:
         self.admission: AdmissionHandle | None = None
         self.joiners = caller._joiners
         self.joins = self.joiners is not None and target in self.joiners
+        # The callee is given the question's whole time left: it joins, or it is asked to answer
+        # in async mode (its run outlives the try, and the try comes back for its answer).
+        self.follows = policy.respond_async and followable(exchange)
+        self.whole = self.joins or self.follows
         self.bucket: BucketHandle | AsyncBucketHandle | None = (
             None if policy.bucket is None else caller.store.bucket(target, policy.bucket))
         if self.bucket is not None:
@@ -314,7 +319,7 @@ class _Call:
         cannot be built, nothing is sent and what was held goes back."""
         now = caller.clock()
         limit = self.limit(caller.policy, now)
-        forwarded = state.given(limit, caller.policy.deadline_grace, now, self.joins)
+        forwarded = state.given(limit, caller.policy.deadline_grace, now, self.whole)
         try:
             header = propagation.question_header(attempt.frame, now, forwarded, state.forward(),
                                                  state.rejoin)
@@ -339,9 +344,9 @@ class Caller:
     configured).
     """
 
-    __slots__ = ("_admissions", "_breakers", "_first", "_guarded", "_hedge_hop", "_hedgers",
-                 "_joiners", "_policies", "_sleep", "clock", "per_target", "policy", "random",
-                 "store")
+    __slots__ = ("_admissions", "_breakers", "_first", "_follows", "_guarded", "_hedge_hop",
+                 "_hedgers", "_joiners", "_policies", "_sleep", "clock", "per_target", "policy",
+                 "random", "store")
 
     def __init__(
         self,
@@ -390,6 +395,7 @@ class Caller:
         self._hedge_hop = Hop(policy.layer, 2)
         self._joiners = JOINERS if policy.rejoin else None
         self._hedgers = None if policy.hedge is None else hedgers_for(policy.hedge)
+        self._follows = policy.respond_async
         # Without a bucket, a breaker, admission, rejoining or hedging, any target will do.
         self.per_target = (policy.bucket is not None or policy.breaker is not None
                            or policy.admission is not None or policy.rejoin
@@ -413,7 +419,7 @@ class Caller:
             call.admission = admission
         limit = call.limit(self.policy, now)
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
-                                              call.tab.deadline, now, call.joins)
+                                              call.tab.deadline, now, call.whole)
         account = call.tab.account
         reserved = 0
         hedged = (hedging and self._hedgers is not None and (idempotent or call.joins)
@@ -435,11 +441,25 @@ class Caller:
             raise
         return call, limit, held, header
 
+    def _following(self, started: tuple[_Call, float | None, int, str] | _Call, exchange: Any,
+                   sleep: Callable[[float], object],
+                   twin: type[Following[Any]] | type[AsyncFollowing[Any]]) -> Any:
+        """The call's exchange, wrapped to follow a 202 to its answer when it asks for async
+        mode (``ClientPolicy.respond_async``), else as it is."""
+        call = started if type(started) is _Call else cast(tuple[_Call, Any, Any, Any], started)[0]
+        if not call.follows:
+            return exchange
+        call.exchange = twin(exchange, call.tab.deadline, self.policy.attempt_timeout, self.clock,
+                             sleep)
+        return call.exchange
+
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
         """Run one call to ``target`` (its bucket and breaker key) until answered or given up."""
         sleep = self._sleep or time.sleep
         started = self._start(exchange, target, idempotent)
         held, first, response = 0, None, None
+        if self._follows:
+            exchange = self._following(started, exchange, sleep, Following)
         if type(started) is _Call:
             call = started
         else:
@@ -482,6 +502,8 @@ class Caller:
         sleep = self._sleep or asyncio.sleep
         started = self._start(exchange, target, idempotent, hedging=True)
         held, first, response, tries = 0, None, None, 1
+        if self._follows:
+            exchange = self._following(started, exchange, sleep, AsyncFollowing)
         if type(started) is _Call:
             call = started
         elif (race_ := cast(tuple[_Call, float | None, int, str], started)[0].race) is not None:
@@ -547,7 +569,7 @@ class Caller:
                 return None
             wait = call.limit(self.policy, now)
             forwarded, _ = attempt_window(wait, self.policy.deadline_grace, tab.deadline, now,
-                                          call.joins)
+                                          call.whole)
             line = format_question(tab.key, tab.origin, tab.edge, 0, forwarded,
                                    (*call.path, self._hedge_hop), tab.sig)
             state.fire()

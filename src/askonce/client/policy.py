@@ -69,6 +69,11 @@ class ClientPolicy:
     target's learned latency percentile), the first answer winning; the hedge costs one from the
     question's budget, forwards none, and is throttled to a few percent of calls
     (:class:`~askonce.core.hedge.HedgePolicy`; docs/integrations-clients.md, "Hedging").
+    ``respond_async`` (off by default): each try asks ``Prefer: respond-async`` (RFC 7240) and is
+    given the question's whole time left; a callee that answers ``202`` with ``Preference-Applied:
+    respond-async`` and a ``Location`` on the same origin is long-polled there until its answer,
+    which the caller gets as if the try had returned it (:mod:`askonce.client.asyncmode`). The
+    polls are not tries: they spend no budget, and only the answer is judged.
     """
 
     layer: str = "client"
@@ -87,6 +92,7 @@ class ClientPolicy:
     deadline_grace: float = 0.0
     rejoin: bool = True
     hedge: HedgePolicy | None = None
+    respond_async: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.layer, str) or not valid_name(self.layer):
@@ -100,7 +106,7 @@ class ClientPolicy:
                 raise ValueError(f"{name} must be {name.capitalize()}Policy(...) or None, "
                                  f"got {getattr(self, name)!r}")
         # "no" is truthy: a str would retry every POST.
-        for name in ("retry_non_idempotent", "originator", "rejoin"):
+        for name in ("retry_non_idempotent", "originator", "rejoin", "respond_async"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("retry_statuses", "throttle_statuses"):

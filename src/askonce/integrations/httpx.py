@@ -37,6 +37,7 @@ from askonce.client import (
     judge_reply,
     reply_from,
 )
+from askonce.client.asyncmode import prefer
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
 
@@ -46,6 +47,10 @@ _DEFAULT_POLICY = ClientPolicy()
 _PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 _NO_TIMEOUTS: dict[str, Any] = {}
+# Not sent with a poll of a status location (``respond_async``): the body's, the question's, the
+# preference's (the poll's own is written).
+_NOT_POLLED = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding",
+                         "expect", "prefer", QUESTION_HEADER})
 
 # Never reached the server: no connection, or no free connection in the pool.
 _REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -118,6 +123,31 @@ class _Attempts:
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error)
 
+    # --- async mode (askonce.client.following) ---
+
+    @property
+    def url(self) -> str:
+        return str(self.request.url)
+
+    def ask_async(self) -> None:
+        headers = self.request.headers
+        headers["prefer"] = prefer(headers.get("prefer"))
+
+    def parts(self, response: httpx.Response) -> tuple[int, Any]:
+        return response.status_code, response.headers
+
+    def reply_to(self, response: httpx.Response, value: str) -> None:
+        response.headers[REPLY_HEADER] = value
+
+    def polling(self, url: str, wait: str | None, timeout: float) -> httpx.Request:
+        """A GET of the status location with the request's own headers (its principal's)."""
+        headers = httpx.Headers([(k, v) for k, v in self.request.headers.multi_items()
+                                 if k.lower() not in _NOT_POLLED])
+        if wait is not None:
+            headers["prefer"] = wait
+        return httpx.Request("GET", url, headers=headers,
+                             extensions={"timeout": dict.fromkeys(_TIMEOUT_KEYS, timeout)})
+
 
 class _Exchange(_Attempts):
     __slots__ = ()
@@ -125,6 +155,10 @@ class _Exchange(_Attempts):
     def send(self, header: str, timeout: float | None) -> httpx.Response:
         wrapped: httpx.BaseTransport = self._wrapped
         return wrapped.handle_request(self.prepare(header, timeout))
+
+    def poll(self, url: str, wait: str | None, timeout: float) -> httpx.Response:
+        wrapped: httpx.BaseTransport = self._wrapped
+        return wrapped.handle_request(self.polling(url, wait, timeout))
 
     def discard(self, response: httpx.Response) -> None:
         # Reading a short body lets the connection go back to the pool; closing cuts a long one off.
@@ -160,6 +194,10 @@ class _AsyncExchange(_Attempts):
     async def send(self, header: str, timeout: float | None) -> httpx.Response:
         wrapped: httpx.AsyncBaseTransport = self._wrapped
         return await wrapped.handle_async_request(self.prepare(header, timeout))
+
+    async def poll(self, url: str, wait: str | None, timeout: float) -> httpx.Response:
+        wrapped: httpx.AsyncBaseTransport = self._wrapped
+        return await wrapped.handle_async_request(self.polling(url, wait, timeout))
 
     async def discard(self, response: httpx.Response) -> None:
         left = self._policy.max_discard

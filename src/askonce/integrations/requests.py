@@ -37,14 +37,20 @@ from askonce.client import (
     is_idempotent,
     judge_http,
 )
+from askonce.client.asyncmode import prefer
 from askonce.core import is_real
-from askonce.core.wire import QUESTION_HEADER
+from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
 
 __all__ = ["AskonceAdapter", "default_target", "session"]
 
 _DEFAULT_POLICY = ClientPolicy()
 _PORTS = {"http": 80, "https": 443}
+
+# Not sent with a poll of a status location (``respond_async``): the body's, the question's, the
+# preference's (the poll's own is written).
+_NOT_POLLED = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding",
+                         "expect", "prefer", QUESTION_HEADER})
 
 # And urllib3's Timeout, untyped in requests.
 TimeoutArg = float | tuple[float | None, float | None] | None
@@ -141,6 +147,35 @@ class _Exchange:
 
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error)
+
+    # --- async mode (askonce.client.following) ---
+
+    @property
+    def url(self) -> str:
+        return self.request.url or ""
+
+    def ask_async(self) -> None:
+        headers = self.request.headers
+        given = headers.get("Prefer")
+        headers["Prefer"] = prefer(given.decode("latin-1") if isinstance(given, bytes) else given)
+
+    def parts(self, response: requests.Response) -> tuple[int, Any]:
+        return response.status_code, response.headers
+
+    def reply_to(self, response: requests.Response, value: str) -> None:
+        response.headers[REPLY_HEADER] = value
+
+    def poll(self, url: str, wait: str | None, timeout: float) -> requests.Response:
+        """A GET of the status location with the request's own headers (its principal's); the
+        answer is returned as the request's (``response.request``, ``response.url``)."""
+        poll = requests.PreparedRequest()
+        headers = {k: v for k, v in self.request.headers.items() if k.lower() not in _NOT_POLLED}
+        if wait is not None:
+            headers["Prefer"] = wait
+        poll.prepare(method="GET", url=url, headers=headers)
+        response = HTTPAdapter.send(self._adapter, poll, timeout=timeout, **self._kwargs)
+        response.request, response.url = self.request, self.url
+        return response
 
     def discard(self, response: requests.Response) -> None:
         # Reading a short body to its end returns the connection to the pool; a long one is closed.
