@@ -218,3 +218,15 @@ def test_a_poll_that_fails_is_polled_again_not_retried_as_a_try() -> None:
         response = ask("httpx", _policy(True), url + "/orders")
     assert flaky.failed == 1 and response.status_code == 200 and response.text == "done"
     assert callee.runs[q.key] == 1 and callee.arrivals("/orders") == 1
+
+
+def test_polls_stop_at_the_question_s_deadline() -> None:
+    """Toward a callee not yet known to join, the lost try of a POST is not retried: the caller
+    gets AnswerLost (not gone: the question ran out of time)."""
+    callee = Callee()
+    with running(callee) as url, askonce.question(budget=2, deadline=1.5) as q, \
+            pytest.raises(AnswerLost) as lost:
+        ask("httpx", _policy(True), url + "/orders")
+    assert not lost.value.gone
+    assert callee.runs[q.key] == 1 and callee.arrivals("/orders") == 1
+    assert 1 <= callee.requests[STATUS_PATH] <= 4

@@ -109,7 +109,7 @@ class Following(_Base[R]):
         while type(step) is Poll:
             if pending is not None:  # the 202 before: released, its connection reused
                 exchange.discard(pending)
-                pending = None  # the 202 before: released, its connection reused
+                pending = None
             if step.after > 0:
                 self.sleep(step.after)
             sent = self.clock()
