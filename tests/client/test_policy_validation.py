@@ -13,6 +13,7 @@ import pytest
 from askonce import Limits, RetryPolicy
 from askonce.client import Caller, ClientPolicy
 from askonce.core.breaker import BreakerPolicy
+from askonce.core.bucket import BucketPolicy
 from askonce.stores.memory import MemoryStore
 
 
@@ -105,7 +106,7 @@ def test_valid_policies_and_callers_stay_accepted() -> None:
     store = BreakersOnly()
     Caller(ClientPolicy(bucket=None, breaker=BreakerPolicy()), store=store)
     with pytest.raises(ValueError, match="bucket"):
-        Caller(ClientPolicy(breaker=BreakerPolicy()), store=store)
+        Caller(ClientPolicy(bucket=BucketPolicy(), breaker=BreakerPolicy()), store=store)
 
     class Tries(enum.IntEnum):  # integers read from configuration as an IntEnum are integers
         THREE = 3
