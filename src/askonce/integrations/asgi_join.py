@@ -330,7 +330,8 @@ class JoinASGIMiddleware(Joining):
 
         async def background() -> None:
             try:
-                await asyncio.wait_for(run(receive, sink), _left(deadline))
+                async with asyncio.timeout(_left(deadline)):  # (wait_for: see stores.aredis)
+                    await run(receive, sink)
             except Exception:  # the run's own failure is its answer's business: none is kept
                 _stats.count("server.join.async.failed")
 
@@ -370,7 +371,8 @@ class JoinASGIMiddleware(Joining):
             run = entry.signal
             if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(run.wake.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await run.wake.wait()
         if entry is not None and entry.done and entry.answer is not None:
             return "answer", entry.answer
         return ("running", None) if entry is not None and not entry.done else ("none", None)
@@ -476,7 +478,8 @@ async def _wait(entry: Entry, deadline: float | None) -> Answer | None:
         return None
     left = MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
     try:
-        await asyncio.wait_for(run.wake.wait(), min(left, MAX_WAIT))
+        async with asyncio.timeout(min(left, MAX_WAIT)):
+            await run.wake.wait()
     except TimeoutError:
         return Answer(503, (), b"")  # the outer middleware answers a passed deadline itself
     return entry.answer

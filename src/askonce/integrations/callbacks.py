@@ -164,7 +164,8 @@ async def adeliver(hooks: Hooks, url: str, key: str, location: str,
     for tries in range(1, TRIES + 1):
         status: int | None = None
         try:
-            status = await asyncio.wait_for(_apost(host, port, tls, data), TRY_TIMEOUT)
+            async with asyncio.timeout(TRY_TIMEOUT):  # (not wait_for: see stores.aredis)
+                status = await _apost(host, port, tls, data)
         except (OSError, TimeoutError, ValueError):
             status = None
         if _settled(status, tries):
@@ -358,7 +359,8 @@ class CallbackReceiver:
                 return slot.answer
             slot.waiters.append((loop, future))
         try:
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         finally:
             with self._lock:
                 if (loop, future) in slot.waiters:

@@ -1,7 +1,7 @@
 """The Redis store for asyncio (``redis.asyncio``): scripts, keys and fallback as ``stores.redis``.
 
 Satisfies ``stores.base.AsyncStore``. Every Redis call is bounded by
-``asyncio.wait_for(op_timeout)`` as well as by the client's own timeouts, so even a client you
+``asyncio.timeout(op_timeout)`` as well as by the client's own timeouts, so even a client you
 configured yourself cannot hold a caller for longer than ``op_timeout`` before the local fallback
 answers. A cancelled caller is never swallowed: only ``Exception`` is turned into a fallback,
 ``CancelledError`` propagates.
@@ -157,7 +157,10 @@ class AsyncRedisStore(StoreBase):
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def run(self, call: Awaitable[Any]) -> Any:
-        return await asyncio.wait_for(call, self.op_timeout)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a call that
+        # finished as the task was cancelled, swallowing the cancellation.
+        async with asyncio.timeout(self.op_timeout):
+            return await call
 
     def spawn(self, loop: asyncio.AbstractEventLoop, call: Awaitable[Any]) -> None:
         async def go() -> None:

@@ -1,0 +1,29 @@
+"""A cancelled task stays cancelled when the store call it was waiting on finishes at that moment.
+
+Python 3.11's ``asyncio.wait_for`` returns the inner result in that case and the cancellation is
+lost: a caller cancelled (its client left) would go on to make the call it was guarding."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from askonce.stores.aredis import AsyncRedisStore
+
+
+async def test_a_cancellation_as_the_store_call_finishes_is_not_swallowed() -> None:
+    store = AsyncRedisStore("redis://127.0.0.1:1/0", op_timeout=5.0)  # never connected
+    for _ in range(20):
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def call() -> int:
+            return await done
+
+        task = asyncio.create_task(store.run(call()))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the task now waits on the call
+        done.set_result(1)
+        task.cancel()  # in the same turn of the loop as the call's answer
+        with pytest.raises(asyncio.CancelledError):
+            await task
