@@ -40,7 +40,7 @@ def store(shared_redis: RedisServer) -> Iterator[RedisStore]:
 
 
 def _state_key(client: redis.Redis, store: RedisStore, kind: str) -> bytes:
-    keys = [k for k in client.keys(f"{{{store.prefix}:*") if kind.encode() in k and not k.endswith(b":w")]
+    keys = [k for k in client.keys(f"{{{store.prefix}:*") if kind.encode() in k and not k.endswith((b":w", b":m"))]
     assert len(keys) == 1, keys
     return keys[0]
 

@@ -135,10 +135,15 @@ def test_bucket_script_plays_like_the_core(client: redis.Redis, policy: BucketPo
     for deposits, take, dt in steps:
         now += dt
         core.deposit(deposits)
-        granted, tokens = script(keys=[key], args=[*bucket_args(policy, deposits, take, 60_000), repr(now)])
+        granted, tokens, earned, floor, members = script(
+            keys=[key], args=[*bucket_args(policy, deposits, take, 60_000), repr(now)])
         expected = core.withdraw(now) if take else False
         assert granted == expected
         assert float(tokens) == pytest.approx(core.tokens(now), abs=1e-9)
+        # the level a fallback is seeded with (core.fallback), as the core holds it
+        assert float(earned) == pytest.approx(core.earned, abs=1e-9)
+        assert float(floor) == pytest.approx(core.floor_tokens, abs=1e-9)
+        assert members == 0  # no member id passed: not counted
 
 
 # --- keys ------------------------------------------------------------------------------------------
@@ -151,7 +156,7 @@ def test_keys_share_a_cluster_slot_and_all_expire(shared_redis: RedisServer, cli
         store.breaker(target, BreakerPolicy(window="time", window_size=5, minimum_calls=1)).record(0.0, success=True)
         store.breaker(target, SMALL).record(0.0, success=True)
     keys = client.keys("{keys-test:*")
-    assert len(keys) == 4 * 5
+    assert len(keys) == 4 * 8  # a bucket and two breakers (its window), each with its members set
     by_target: dict[bytes, set[int]] = {}
     for key in keys:
         by_target.setdefault(key.split(b"}")[0], set()).add(key_slot(key))
@@ -400,7 +405,7 @@ def test_a_client_passed_in_is_used(shared_redis: RedisServer) -> None:
     store = RedisStore(client)
     target = fresh()
     store.breaker(target, SMALL).force_open(time.monotonic())
-    assert len(client.keys(f"{{askonce:{target}}}:breaker:*")) == 1
+    assert len(client.keys(f"{{askonce:{target}}}:breaker:??????????")) == 1  # the state hash
     assert store.client is client
 
 

@@ -129,6 +129,24 @@ class Admission:
             self._successes[i] += 1
             self.successes += 1
 
+    def add(self, now: float, requests: int, calls: int, successes: int) -> None:
+        """Count a batch in ``now``'s second: a local controller seeded with the fleet's window
+        when the shared one cannot be reached. Counts that do not read (negative, or successes
+        above calls) are clamped."""
+        for name, n in (("requests", requests), ("calls", calls), ("successes", successes)):
+            if not is_int(n):
+                raise ValueError(f"admission {name} must be an int, got {n!r}")
+        calls = max(0, calls)
+        successes = max(0, min(calls, successes))
+        requests = max(0, requests)
+        i = self._tick(now)
+        self._requests[i] += requests
+        self._calls[i] += calls
+        self._successes[i] += successes
+        self.requests += requests
+        self.calls += calls
+        self.successes += successes
+
     def at_rest(self, now: float) -> bool:
         """No failure in its window: forgetting it loses no history that could shed. A store evicts
         such controllers before ones that have seen failures."""

@@ -14,7 +14,8 @@ State diagram::
                    +----------------------------- | HALF_OPEN | ---------------+
                                                   +-----------+
 
-    force_open() / force_closed() jump from any state (reason "forced").
+    force_open() / force_closed() jump from any state (reason "forced"); hold_open() opens until a
+    given time (reason "seeded": a local fallback seeded with a shared breaker, core.fallback).
 
 CLOSED admits every call and judges a sliding window of outcomes: once it holds ``minimum_calls``
 calls and failures/calls >= ``failure_rate`` (or slow/calls >= ``slow_call_rate``, if
@@ -153,8 +154,8 @@ class Transition:
     new: State
     # When the change took effect (for open-elapsed: the deadline, not when it was noticed).
     at: float
-    # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded or
-    # forced
+    # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded,
+    # forced or seeded
     reason: str
 
 
@@ -333,6 +334,17 @@ class Breaker:
             self._opened_at = now
         else:
             self._move(_OPEN, now, "forced")
+
+    def hold_open(self, now: float, until: float) -> None:
+        """Open, refusing calls until ``until`` (then half-open as usual): a local breaker seeded
+        with a shared one's open period (``core.fallback``). From any state; a breaker not open
+        yet moves with reason ``seeded``."""
+        if not math.isfinite(until):
+            raise ValueError(f"breaker hold_open needs a finite time, got {until!r}")
+        now = self._tick(now)
+        if self._state is not _OPEN:
+            self._move(_OPEN, now, "seeded")
+        self._opened_at = until - self._policy.open_for
 
     def force_closed(self, now: float) -> None:
         now = self._tick(now)

@@ -14,7 +14,11 @@ the next ``admit`` syncs: the sync store inline (one script call, bounded by ``o
 threads meanwhile decide with the view they have), the asyncio store in a background task (that
 call decides with the view it has). Without a view, or with one older than
 ``10 * admission_refresh``, the local controller decides (``store.redis.admission.stale``).
-While Redis is unusable the local controller decides (``store.redis.fallback.admit``), deltas
+While Redis is unusable the local controller decides (``store.redis.fallback.admit``): the first
+time after a sync that answered, it is replaced by one seeded with the fleet's window as last
+synced (its requests, calls and successes, plus this handle's unsent deltas, counted in the
+current second: they age out one window later; ``store.redis.fallback.seeded``), so it decides
+with the fleet's recent success ratio rather than this process's alone. Deltas
 are not kept for later (they would land in the wrong second; the local controller has them), and
 deltas a failed sync carried are counted as ``store.redis.admission.unsent`` (the script may or
 may not have run: they are not sent again, so never counted twice).
@@ -70,7 +74,7 @@ class _Store(Protocol):
 class AdmissionBase:
     """The parts the sync and asyncio handles share; see the module."""
 
-    __slots__ = ("_args", "_keys", "_local", "_lock", "_pending", "_store", "_synced_at",
+    __slots__ = ("_args", "_keys", "_live", "_local", "_lock", "_pending", "_store", "_synced_at",
                  "_syncing", "_syncing_since", "_view", "policy", "target")
 
     def __init__(self, store: _Store, target: str, policy: AdmissionPolicy) -> None:
@@ -86,8 +90,23 @@ class AdmissionBase:
         self._synced_at = -math.inf  # the caller's clock
         self._syncing = False
         self._syncing_since = -math.inf  # when the sync in flight started (the caller's clock)
+        self._live = False  # the last sync answered: the next fallback is seeded anew
+
+    def _seed(self, now: float, unsent: list[int]) -> None:
+        """Once per fallback: a local controller seeded with the fleet's window last synced."""
+        with self._lock:
+            view, live, self._live = self._view, self._live, False
+            if not live or view is None or now - self._synced_at >= self.policy.window:
+                return
+            local = LocalAdmission(self.target, self.policy)
+            local.add(now, view.requests + unsent[0], view.calls + unsent[1],
+                      view.successes + unsent[2])
+            self._local = local
+        count("store.redis.fallback.seeded")
 
     def admit(self, now: float, u: float) -> bool:
+        if self._live and not self._store.health.usable():
+            self._seed(now, self._pending)
         admitted = self._local.admit(now, u)  # validates now and u before anything is counted
         if not self._store.health.usable():
             self._store.health.fallback("admit")
@@ -111,6 +130,8 @@ class AdmissionBase:
         return not u < view.p
 
     def record(self, now: float, *, success: bool) -> None:
+        if self._live and not self._store.health.usable():
+            self._seed(now, self._pending)
         self._local.record(now, success=success)
         if not self._store.health.usable():
             self._store.health.fallback("admission-record")
@@ -157,15 +178,17 @@ class AdmissionBase:
                 failure = exc
         if failure is not None:
             self._store.health.failed("admission", failure)
-            unsent = sum(int(x) for x in args[-3:])
-            if unsent:
-                count("store.redis.admission.unsent", unsent)
+            deltas = [int(x) for x in args[-3:]]
+            if sum(deltas):
+                count("store.redis.admission.unsent", sum(deltas))
+            self._seed(now, deltas)
         else:
             self._store.health.succeeded()
         with self._lock:
             self._view, self._syncing = view, False
             if view is not None:
                 self._synced_at = now
+                self._live = True
         return view
 
 

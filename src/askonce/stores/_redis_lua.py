@@ -19,13 +19,18 @@ from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 
-__all__ = ["LUA_ADMISSION", "LUA_BREAKER", "LUA_BUCKET", "AdmissionReply", "BreakerReply",
-           "admission_args", "breaker_args", "bucket_args", "policy_digest", "target_tag"]
+__all__ = ["HEARTBEAT", "LUA_ADMISSION", "LUA_BREAKER", "LUA_BUCKET", "MEMBER_EXPIRY",
+           "AdmissionReply", "BreakerReply", "BucketReply", "admission_args", "breaker_args",
+           "bucket_args", "policy_digest", "target_tag"]
 
-# KEYS[1] = bucket hash. ARGV = ratio, floor, max_tokens, deposits, take (0|1), ttl_ms[, now].
-# The same arithmetic as core.bucket.TokenBucket, on the server's clock. Returns {granted, tokens}.
-# Both scripts take an optional last ``now`` instead of TIME: only the tests pass it, to play the
-# same script against the core with an injected clock; handles never do.
+# KEYS[1] = bucket hash[, KEYS[2] = members]. ARGV = ratio, floor, max_tokens, deposits, take
+# (0|1), ttl_ms[, now[, member, member_expiry]]. The same arithmetic as core.bucket.TokenBucket, on
+# the server's clock. Returns {granted, tokens, earned, floor tokens, members}.
+# Both scripts take an optional ``now`` instead of TIME: only the tests pass it, to play the same
+# script against the core with an injected clock; handles pass '' (TIME). A handle passes its
+# member id (at most every HEARTBEAT seconds): the script counts it in the members sorted set
+# (score: the time it was last seen), drops members not seen for ``member_expiry`` seconds and
+# returns how many are left, the N of the fallback's 1/N share (core.fallback); 0 when not asked.
 LUA_BUCKET = """
 local ratio, floor, max_e = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local n, take, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -53,14 +58,26 @@ end
 redis.call('HSET', KEYS[1], 'e', string.format('%.17g', e), 'f', string.format('%.17g', f),
   'u', string.format('%.6f', u))
 redis.call('PEXPIRE', KEYS[1], ttl)
-return {ok, string.format('%.17g', e + f)}
+local members = 0
+if KEYS[2] and ARGV[8] and ARGV[8] ~= '' then
+  local kind = redis.call('TYPE', KEYS[2])['ok']
+  if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[2]) end  -- another writer's
+  redis.call('ZADD', KEYS[2], now, ARGV[8])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[9]))
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  members = redis.call('ZCARD', KEYS[2])
+end
+return {ok, string.format('%.17g', e + f), string.format('%.17g', e), string.format('%.17g', f),
+  members}
 """
 
 # KEYS[1] = breaker state hash, KEYS[2] = window (count: a string of one flags byte per call; time:
-# a hash of per-second buckets). ARGV = op, window, window_size, minimum_calls, failure_rate,
-# slow_call_rate, slow_call_duration (< 0: not judged), open_for, half_open_probes, ttl_ms, success,
-# duration[, now]. A port of core.breaker.Breaker (same states, windows, reasons); returns {state,
-# allowed, retry_at, now, leased, old1, new1, at1, reason1, ...}. States: 0 closed 1 open 2 half.
+# a hash of per-second buckets)[, KEYS[3] = members]. ARGV = op, window, window_size,
+# minimum_calls, failure_rate, slow_call_rate, slow_call_duration (< 0: not judged), open_for,
+# half_open_probes, ttl_ms, success, duration[, now[, member, member_expiry]]. A port of
+# core.breaker.Breaker (same states, windows, reasons); returns {state, allowed, retry_at, now,
+# leased, members, old1, new1, at1, reason1, ...}. States: 0 closed 1 open 2 half. Members: as the
+# bucket's.
 LUA_BREAKER = """
 local sk, wk, op, timewin = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == 'time'
 local size, minc = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -197,7 +214,17 @@ redis.call('HSET', sk, 'st', st, 'now', fmt(now), 'oa', oa and fmt(oa) or '', 'p
   'ho', ho and fmt(ho) or '')
 redis.call('PEXPIRE', sk, ttl)
 redis.call('PEXPIRE', wk, ttl)
-local out = {st, allowed, (st == 1 and oa) and fmt(oa + open_for) or '', fmt(now), leased}
+local members = 0
+if KEYS[3] and ARGV[14] and ARGV[14] ~= '' then
+  local kind = redis.call('TYPE', KEYS[3])['ok']
+  if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[3]) end  -- another writer's
+  redis.call('ZADD', KEYS[3], now, ARGV[14])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[15]))
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  members = redis.call('ZCARD', KEYS[3])
+end
+local out = {st, allowed, (st == 1 and oa) and fmt(oa + open_for) or '', fmt(now), leased,
+  members}
 for i = 1, #moves do out[#out + 1] = moves[i] end
 return out
 """
@@ -259,6 +286,8 @@ return {string.format('%.17g', p), R, C, S}
 """
 
 _STATES = (State.CLOSED, State.OPEN, State.HALF_OPEN)
+HEARTBEAT = 1.0  # seconds: how often a handle has itself counted as a member
+MEMBER_EXPIRY = 30.0  # seconds: a member not seen for this long is no longer counted
 _MAX_TARGET = 120
 
 
@@ -319,7 +348,7 @@ def text(value: Any) -> str:
 class BreakerReply:
     """A breaker script's answer, on the caller's clock."""
 
-    __slots__ = ("allowed", "leased", "retry_at", "state", "transitions")
+    __slots__ = ("allowed", "leased", "members", "retry_at", "state", "transitions")
 
     def __init__(self, raw: Sequence[Any], now: float) -> None:
         offset = now - float(text(raw[3]))
@@ -328,8 +357,22 @@ class BreakerReply:
         retry_at = text(raw[2])
         self.retry_at = float(retry_at) + offset if retry_at else None
         self.leased = int(raw[4]) == 1
+        self.members = int(raw[5])  # 0: not counted on this call
         self.transitions = [
             Transition(_STATES[int(raw[i])], _STATES[int(raw[i + 1])],
                        float(text(raw[i + 2])) + offset, text(raw[i + 3]))
-            for i in range(5, len(raw) - 3, 4)
+            for i in range(6, len(raw) - 3, 4)
         ]
+
+
+class BucketReply:
+    """A bucket script's answer: granted, and the shared level (the fallback's seed)."""
+
+    __slots__ = ("earned", "floor_tokens", "granted", "members", "tokens")
+
+    def __init__(self, raw: Sequence[Any]) -> None:
+        self.granted = int(raw[0]) == 1
+        self.tokens = float(text(raw[1]))
+        self.earned = float(text(raw[2]))
+        self.floor_tokens = float(text(raw[3]))
+        self.members = int(raw[4])  # 0: not counted on this call

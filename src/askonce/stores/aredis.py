@@ -25,7 +25,7 @@ from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
 from askonce.stores._redis_admission import AsyncRedisAdmissionHandle
-from askonce.stores._redis_lua import LUA_ADMISSION, LUA_BREAKER, LUA_BUCKET, BreakerReply, text
+from askonce.stores._redis_lua import LUA_ADMISSION, LUA_BREAKER, LUA_BUCKET, BreakerReply
 from askonce.stores.redis import BreakerBase, BucketBase, StoreBase, no_retry, warn_if_retrying
 
 __all__ = ["AsyncRedisAdmissionHandle", "AsyncRedisBreakerHandle", "AsyncRedisBucketHandle",
@@ -68,7 +68,7 @@ class AsyncRedisBucketHandle(BucketBase):
             try:
                 raw = await store.run(store.bucket_script(
                     keys=self._keys, args=self._args_for(self._take(), False)))
-                return float(text(raw[1]))
+                return self._heard(raw).tokens
             except Exception as exc:
                 store.health.failed("tokens", exc)
         return self._local().tokens(now)
@@ -78,13 +78,14 @@ class AsyncRedisBucketHandle(BucketBase):
         try:
             raw = await store.run(store.bucket_script(keys=self._keys,
                                                       args=self._args_for(n, take)))
+            reply = self._heard(raw)  # an answer that does not read is Redis' failure
         except Exception as exc:
             store.health.failed(op, exc)
             store.health.fallback(op)
             self._to_local(n)
             return None
         store.health.succeeded()
-        return int(raw[0]) == 1
+        return reply.granted
 
 
 class AsyncRedisBreakerHandle(BreakerBase):
@@ -121,7 +122,7 @@ class AsyncRedisBreakerHandle(BreakerBase):
         if health.usable():
             try:
                 raw = await store.run(store.breaker_script(
-                    keys=self._keys, args=self._call_args(op, success, duration)))
+                    keys=self._keys, args=self._call_args(op, success, duration, now)))
                 # An answer that does not read is Redis' failure, not the caller's.
                 reply = BreakerReply(raw, now)
             except Exception as exc:
@@ -140,10 +141,11 @@ class AsyncRedisStore(StoreBase):
                  prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
-                 max_targets: int = 4096, admission_refresh: float = 0.1) -> None:
+                 max_targets: int = 4096, admission_refresh: float = 0.1,
+                 fleet_size: int = 1) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
-                         admission_refresh=admission_refresh)
+                         admission_refresh=admission_refresh, fleet_size=fleet_size)
         if isinstance(client_or_url, str):
             client_or_url = aioredis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
                                                     socket_connect_timeout=op_timeout,

@@ -186,6 +186,10 @@ class BreakerHandle:
     def release(self, now: float) -> None:
         self._run(Breaker.release, now)
 
+    def hold_open(self, now: float, until: float) -> None:
+        """Open until ``until`` (``Breaker.hold_open``): a fallback seeded with a shared breaker."""
+        self._run(lambda breaker, at: breaker.hold_open(at, until), now)
+
     def force_open(self, now: float) -> None:
         self._run(Breaker.force_open, now)
 
@@ -257,6 +261,11 @@ class AdmissionHandle:
     def reject_probability(self, now: float) -> float:
         with self._lock:
             return self._admission.reject_probability(now)
+
+    def add(self, now: float, requests: int, calls: int, successes: int) -> None:
+        """Count a batch (``Admission.add``): a fallback seeded with the fleet's window."""
+        with self._lock:
+            self._admission.add(now, requests, calls, successes)
 
     def snapshot(self) -> dict[str, object]:
         """The window's counters (``requests``, ``calls``, ``successes``) and ``p``."""

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,22 +58,32 @@ from askonce._stats import count
 from askonce.core import is_int, is_real
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State, Transition
-from askonce.core.bucket import BucketPolicy
+from askonce.core.bucket import BucketPolicy, TokenBucket
+from askonce.core.fallback import (
+    MAX_FLEET,
+    breaker_share,
+    bucket_share,
+    first_probe,
+    fleet_size,
+    seeded_bucket,
+)
 from askonce.stores._redis_admission import RedisAdmissionHandle
 from askonce.stores._redis_lua import (
+    HEARTBEAT,
     LUA_ADMISSION,
     LUA_BREAKER,
     LUA_BUCKET,
+    MEMBER_EXPIRY,
     BreakerReply,
+    BucketReply,
     breaker_args,
     bucket_args,
     policy_digest,
     target_tag,
-    text,
 )
 from askonce.stores.memory import BreakerHandle as MemoryBreakerHandle
 from askonce.stores.memory import BucketHandle as MemoryBucketHandle
-from askonce.stores.memory import Listener, MemoryStore, notify
+from askonce.stores.memory import Listener, notify
 
 __all__ = ["RedisAdmissionHandle", "RedisBreakerHandle", "RedisBucketHandle", "RedisStore"]
 
@@ -127,7 +139,7 @@ class Health:
 
 
 def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float,
-                  deposit_batch: int, admission_refresh: float = 0.1) -> None:
+                  deposit_batch: int, admission_refresh: float = 0.1, fleet: int = 1) -> None:
     if (not isinstance(prefix, str) or not prefix or not prefix.isprintable()
             or any(c in prefix for c in "{}")):
         raise ValueError("prefix must be a non-empty printable name without braces, "
@@ -147,6 +159,8 @@ def check_options(prefix: str, op_timeout: float, retry_after: float, ttl: float
         raise ValueError(f"ttl must be within 1 s..30 days, got {ttl!r}")
     if not is_int(deposit_batch) or not 1 <= deposit_batch <= 1_000_000:
         raise ValueError(f"deposit_batch must be an int within 1..1000000, got {deposit_batch!r}")
+    if not is_int(fleet) or not 1 <= fleet <= MAX_FLEET:
+        raise ValueError(f"fleet_size must be an int within 1..{MAX_FLEET}, got {fleet!r}")
 
 
 def no_retry() -> Retry:
@@ -169,19 +183,57 @@ def warn_if_retrying(client: object) -> None:
 
 
 class BucketBase:
-    __slots__ = ("_args", "_keys", "_lock", "_pending", "_store", "policy", "target")
+    __slots__ = ("_args", "_beat_at", "_fallback", "_keys", "_level", "_live", "_lock", "_members",
+                 "_pending", "_store", "policy", "target")
 
     def __init__(self, store: StoreBase, target: str, policy: BucketPolicy) -> None:
         self._store = store
         self.target = target
         self.policy = policy
-        self._keys = [f"{target_tag(store.prefix, target)}:bucket:{policy_digest(policy)}"]
+        stem = f"{target_tag(store.prefix, target)}:bucket:{policy_digest(policy)}"
+        self._keys = [stem, stem + ":m"]
         self._lock = threading.Lock()  # a deposit count flushed twice would invent tokens
         self._pending = 0
         self._args = bucket_args(policy, 0, False, store.ttl_ms)
+        self._fallback: MemoryBucketHandle | None = None
+        self._live = False  # the last answer came from Redis: the next local one is seeded anew
+        self._level: tuple[float, float] | None = None  # earned, floor tokens as Redis last said
+        self._members = 0  # processes sharing the bucket as Redis last counted them
+        self._beat_at = -math.inf  # when this handle last had itself counted (store clock)
 
     def _local(self) -> MemoryBucketHandle:
-        return self._store.local.bucket(self.target, self.policy)
+        """The local bucket for this fallback: seeded from the shared level last seen, on a 1/N
+        share (``core.fallback``) the first time after an answer from Redis."""
+        local = self._fallback
+        if local is None or self._live:
+            with self._lock:
+                local = self._fallback
+                if local is None or self._live:
+                    local = self._fallback = self._seed()
+                    self._live = False
+        return local
+
+    def _seed(self) -> MemoryBucketHandle:
+        store = self._store
+        fleet = fleet_size(self._members, store.fleet_size)
+        policy = bucket_share(self.policy, fleet)
+        now, level = store.clock(), self._level
+        if level is None:
+            bucket = TokenBucket(policy, now)  # never heard from Redis: a fresh share
+        else:
+            bucket = seeded_bucket(policy, now, level[0], level[1], fleet)
+            count("store.redis.fallback.seeded")
+        return MemoryBucketHandle(self.target, bucket, threading.Lock())
+
+    def _heard(self, raw: Any) -> BucketReply:
+        """Read a script's answer (raising if it does not read: Redis' failure) and remember the
+        shared state it carries."""
+        reply = BucketReply(raw)
+        self._level = (reply.earned, reply.floor_tokens)
+        if reply.members:
+            self._members = reply.members
+        self._live = True
+        return reply
 
     def _count(self) -> int:
         """Count one deposit; the batch to flush now, or 0."""
@@ -200,6 +252,11 @@ class BucketBase:
     def _args_for(self, n: int, take: bool) -> list[str]:
         args = self._args.copy()
         args[3], args[4] = str(n), "1" if take else "0"
+        store = self._store
+        now = store.clock()
+        if now - self._beat_at >= HEARTBEAT:  # have this store counted as a member
+            self._beat_at = now
+            args += ["", store.member, store.member_expiry]
         return args
 
     def _to_local(self, n: int) -> MemoryBucketHandle:
@@ -212,21 +269,24 @@ class BucketBase:
 
 
 class BreakerBase:
-    __slots__ = ("_args", "_fallback", "_keys", "_listeners", "_lock", "_retry_at", "_seen",
-                 "_store", "policy", "target")
+    __slots__ = ("_args", "_beat_at", "_fallback", "_keys", "_listeners", "_live", "_lock",
+                 "_members", "_retry_at", "_seen", "_store", "policy", "target")
 
     def __init__(self, store: StoreBase, target: str, policy: BreakerPolicy) -> None:
         self._store = store
         self.target = target
         self.policy = policy
         stem = f"{target_tag(store.prefix, target)}:breaker:{policy_digest(policy)}"
-        self._keys = [stem, stem + ":w"]
+        self._keys = [stem, stem + ":w", stem + ":m"]
         self._args = breaker_args(policy, store.ttl)
         self._lock = threading.Lock()
         self._seen = State.CLOSED
         self._retry_at: float | None = None
         self._listeners: tuple[Listener, ...] = ()
         self._fallback: MemoryBreakerHandle | None = None
+        self._live = False  # the last answer came from Redis: the next local one is seeded anew
+        self._members = 0  # processes sharing the breaker as Redis last counted them
+        self._beat_at = -math.inf  # when this handle last had itself counted (caller's clock)
 
     def add_listener(self, listener: Listener) -> None:
         with self._lock:
@@ -244,10 +304,14 @@ class BreakerBase:
         """Closed when last seen, its local fallback (if any) at rest: for a registry's eviction,
         read-only and without a round trip."""
         local = self._fallback
-        return self._seen is State.CLOSED and (local is None or local.at_rest(now))
+        return self._seen is State.CLOSED and (local is None or self._live or local.at_rest(now))
 
-    def _call_args(self, op: str, success: bool, duration: float) -> list[str]:
-        return [op, *self._args, "1" if success else "0", repr(float(duration))]
+    def _call_args(self, op: str, success: bool, duration: float, now: float) -> list[str]:
+        args = [op, *self._args, "1" if success else "0", repr(float(duration))]
+        if now - self._beat_at >= HEARTBEAT:  # have this store counted as a member
+            self._beat_at = now
+            args += ["", self._store.member, self._store.member_expiry]
+        return args
 
     def _observe(self, state: State, retry_at: float | None, moved: list[Transition],
                  now: float) -> None:
@@ -263,15 +327,35 @@ class BreakerBase:
     def _answer(self, reply: BreakerReply, now: float) -> bool:
         if reply.leased:
             count("breaker.probe-lease-expired")
+        if reply.members:
+            self._members = reply.members
         self._observe(reply.state, reply.retry_at, reply.transitions, now)
+        self._live = True
         return reply.allowed
 
-    def _local(self) -> MemoryBreakerHandle:
+    def _local(self, now: float) -> MemoryBreakerHandle:
+        """The local breaker for this fallback: seeded from the shared state last seen, on a 1/N
+        share (``core.fallback``) the first time after an answer from Redis."""
         local = self._fallback
-        if local is None:
-            # Kept here, not only in the local store, so an eviction there cannot drop the listener.
-            local = self._fallback = self._store.local.breaker(self.target, self.policy)
-            local.add_listener(self._forward)
+        if local is None or self._live:
+            with self._lock:
+                local = self._fallback
+                if local is None or self._live:
+                    local = self._fallback = self._seed(now)
+                    self._live = False
+        return local
+
+    def _seed(self, now: float) -> MemoryBreakerHandle:
+        """Under the lock: a local breaker as the shared one was last seen (``_seen``,
+        ``_retry_at``: only a shared answer sets them before the first local one)."""
+        fleet = fleet_size(self._members, self._store.fleet_size)
+        local = MemoryBreakerHandle(self.target, breaker_share(self.policy, fleet))
+        until = first_probe(self._seen, self._retry_at, now, self.policy.open_for, fleet,
+                            random.random())
+        if until is not None:
+            local.hold_open(now, until)  # before the listener: the fleet's breaker was open
+            count("store.redis.fallback.seeded")
+        local.add_listener(self._forward)
         return local
 
     def _forward(self, target: str, transition: Transition) -> None:
@@ -280,7 +364,7 @@ class BreakerBase:
                       transition.at)
 
     def _local_op(self, op: str, now: float, success: bool, duration: float) -> bool:
-        local = self._local()
+        local = self._local(now)
         allowed = False
         if op == "allow":
             allowed = local.allow(now)
@@ -302,18 +386,22 @@ class StoreBase:
 
     def __init__(self, *, prefix: str, op_timeout: float, retry_after: float, ttl: float,
                  deposit_batch: int, clock: Callable[[], float], max_targets: int,
-                 admission_refresh: float) -> None:
-        check_options(prefix, op_timeout, retry_after, ttl, deposit_batch, admission_refresh)
+                 admission_refresh: float, fleet_size: int) -> None:
+        check_options(prefix, op_timeout, retry_after, ttl, deposit_batch, admission_refresh,
+                      fleet_size)
         if max_targets < 1:
             raise ValueError("max_targets must be at least 1")
         self.prefix = prefix
+        self.clock = clock
+        self.fleet_size = fleet_size
+        self.member = os.urandom(8).hex()  # this store in the members sets (core.fallback's N)
+        self.member_expiry = repr(MEMBER_EXPIRY)
         self.op_timeout = op_timeout
         self.ttl = ttl
         self.ttl_ms = int(ttl * 1000)
         self.deposit_batch = deposit_batch
         self.admission_refresh = admission_refresh
         self.health = Health(clock, retry_after)
-        self.local = MemoryStore(clock, max_targets)
         self._max = max_targets
         self._lock = threading.Lock()
         self._handles: OrderedDict[tuple[str, str, object], Any] = OrderedDict()
@@ -366,7 +454,7 @@ class RedisBucketHandle(BucketBase):
             try:
                 raw = self._store.bucket_script(keys=self._keys,
                                                 args=self._args_for(self._take(), False))
-                return float(text(raw[1]))
+                return self._heard(raw).tokens
             except Exception as exc:
                 self._store.health.failed("tokens", exc)
         return self._local().tokens(now)
@@ -374,14 +462,15 @@ class RedisBucketHandle(BucketBase):
     def _send(self, n: int, take: bool, op: str) -> bool | None:
         store = self._store
         try:
-            raw = store.bucket_script(keys=self._keys, args=self._args_for(n, take))
+            # An answer that does not read is Redis' failure, not the caller's.
+            reply = self._heard(store.bucket_script(keys=self._keys, args=self._args_for(n, take)))
         except Exception as exc:
             store.health.failed(op, exc)
             store.health.fallback(op)
             self._to_local(n)
             return None
         store.health.succeeded()
-        return int(raw[0]) == 1
+        return reply.granted
 
 
 class RedisBreakerHandle(BreakerBase):
@@ -417,7 +506,8 @@ class RedisBreakerHandle(BreakerBase):
         if health.usable():
             try:
                 raw = self._store.breaker_script(keys=self._keys,
-                                                 args=self._call_args(op, success, duration))
+                                                 args=self._call_args(op, success, duration,
+                                                                      now))
                 # An answer that does not read is Redis' failure, not the caller's.
                 reply = BreakerReply(raw, now)
             except Exception as exc:
@@ -441,10 +531,11 @@ class RedisStore(StoreBase):
                  prefix: str = "askonce",
                  op_timeout: float = 0.05, retry_after: float = 1.0, ttl: float = 3600.0,
                  deposit_batch: int = 32, clock: Callable[[], float] = _stats.monotonic,
-                 max_targets: int = 4096, admission_refresh: float = 0.1) -> None:
+                 max_targets: int = 4096, admission_refresh: float = 0.1,
+                 fleet_size: int = 1) -> None:
         super().__init__(prefix=prefix, op_timeout=op_timeout, retry_after=retry_after, ttl=ttl,
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
-                         admission_refresh=admission_refresh)
+                         admission_refresh=admission_refresh, fleet_size=fleet_size)
         if isinstance(client_or_url, str):
             client_or_url = redis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
                                                  socket_connect_timeout=op_timeout,
