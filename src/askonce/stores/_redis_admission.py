@@ -107,7 +107,8 @@ class AdmissionBase:
     def admit(self, now: float, u: float) -> bool:
         if self._live and not self._store.health.usable():
             self._seed(now, self._pending)
-        admitted = self._local.admit(now, u)  # validates now and u before anything is counted
+        local = self._local
+        admitted = local.admit(now, u)  # validates now and u before anything is counted
         if not self._store.health.usable():
             self._store.health.fallback("admit")
             return admitted
@@ -123,6 +124,8 @@ class AdmissionBase:
         view = self._sync(now) if due else self._view
         if not self._store.health.usable():  # the sync just failed
             self._store.health.fallback("admit")
+            if self._local is not local:  # seeded with the fleet's window, this attempt in it
+                return not u < self._local.reject_probability(now)
             return admitted
         if view is None or now - self._synced_at >= _STALE * self._store.admission_refresh:
             count("store.redis.admission.stale")  # no recent view yet (asyncio: syncing)
