@@ -220,6 +220,8 @@ def report(args: argparse.Namespace, got: list[dict[str, Any]],
     print(f"worst call in the first {RECONNECT:g} s after SIGCONT (when the store tries Redis "
           f"again), per process: median {pct(settles, 0.5) * 1000:.1f} ms, "
           f"max {settles[-1] * 1000:.1f} ms")
+    counts = {p: sum(g["arrivals"][p] for g in got) for p in PHASES}
+    print("dead target arrivals, counted: " + ", ".join(f"{p} {n}" for p, n in counts.items()))
     fallback = rate["during"] / rate["before"] if rate["before"] else float("inf")
     print(f"fallback arrivals / shared arrivals: {fallback:.1f}x (the issue's goal: at most 2x)")
     print(f"worst call / documented bound ({BOUND * 1000:.0f} ms): {worst / BOUND:.1f}x")

@@ -14,9 +14,17 @@ time of the same call. A server clock that steps backwards is treated like the c
 
 Failure of the store is not failure of the service. Clients built from a URL get ``op_timeout``
 (50 ms) connect and read timeouts and no client-side retries; on any error the operation is answered
-by a local in-memory bucket or breaker for the same target (``askonce.stats()``:
+by a local in-memory bucket or breaker for the same target, seeded from the shared state this
+handle last saw and on a 1/N share of the fleet (``core.fallback``: an open breaker stays open
+until the shared ``retry_at``, then probes every ``N * open_for``; a bucket keeps 1/N of the level
+seen and refills at ``floor / N``), N being the stores Redis last counted sharing the state (a
+members sorted set beside it, ``...:m``, written by the scripts when a handle passes its member
+id, at most every ``HEARTBEAT`` seconds) or ``fleet_size`` if larger. What the local state learns
+is never sent to Redis afterwards, so nothing is counted twice; when Redis answers again the
+shared state wins, and the next fallback is seeded afresh (``askonce.stats()``:
 ``store.redis.fallback``, ``store.redis.fallback.<op>``,
-``store.redis.error.<timeout|connection|response|other>``), Redis is left alone for ``retry_after``
+``store.redis.error.<timeout|connection|response|other>``, ``store.redis.fallback.seeded``),
+Redis is left alone for ``retry_after``
 seconds (store-wide, so one outage costs one timeout, not one per target), and the next operation
 after that tries Redis again (``store.redis.resumed`` when it answers). A client you pass in keeps
 its own timeouts and retries: give it ``socket_timeout``/``socket_connect_timeout`` and
