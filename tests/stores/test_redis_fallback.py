@@ -147,6 +147,7 @@ def test_a_breaker_seen_closed_stays_closed_and_its_local_failures_are_not_sent_
     finally:
         frozen.resume()
     assert delta(before).get("store.redis.fallback.record", 0) == policy.minimum_calls - 1
+    assert delta(before).get("store.redis.fallback.seeded", 0) == 1  # seeded closed
     wait_until("the store to answer from Redis again",
                lambda: (breaker.state(time.monotonic()) is CLOSED
                         and delta(before).get("store.redis.resumed", 0) >= 1))

@@ -362,6 +362,7 @@ class BreakerBase:
                             random.random())
         if until is not None:
             local.hold_open(now, until)  # before the listener: the fleet's breaker was open
+        if self._live:
             count("store.redis.fallback.seeded")
         local.add_listener(self._forward)
         return local
