@@ -103,6 +103,7 @@ def test_a_frozen_redis_keeps_a_dead_target_within_2x_of_the_shared_rate(
     members = f"{target_tag('askonce', target)}:breaker:{policy_digest(policy)}:m"
     client = redis.Redis.from_url(frozen.url)
     shared_most = policy.half_open_probes * (seconds / policy.open_for + 1)
+    start = askonce.stats()
     with Fleet(frozen.url, k, target, policy) as fleet:
         wait_until("the shared breaker to open",
                    lambda: client.hget(f"{target_tag('askonce', target)}:breaker:"
@@ -122,7 +123,9 @@ def test_a_frozen_redis_keeps_a_dead_target_within_2x_of_the_shared_rate(
         moved = delta(before)
     assert not fleet.unexpected
     assert moved.get("store.redis.fallback.allow", 0) > 0
-    assert moved.get("store.redis.fallback.seeded", 0) >= k  # each store's breaker, seeded open
+    # Each store's breaker was seeded (at the freeze, or at an earlier timeout of a loaded machine
+    # whose fallback the freeze then extended).
+    assert delta(start).get("store.redis.fallback.seeded", 0) >= k
     during, shared = fleet.arrivals["frozen"], fleet.arrivals["shared"]
     assert during <= 2 * shared_most, (during, shared, shared_most)
     assert shared <= shared_most + k, (shared, shared_most)  # the bound is the shared breaker's
