@@ -25,6 +25,9 @@ from redis_server import RedisServer, wait_until
 from stats_delta import delta
 
 CLOSED, OPEN = State.CLOSED, State.OPEN
+# Where a test needs every call before the freeze answered by Redis, a loaded machine must not
+# time it out: the freeze then costs this much per store, once.
+SURE = 1.0
 
 
 def fresh() -> str:
@@ -135,7 +138,7 @@ def test_a_breaker_seen_closed_stays_closed_and_its_local_failures_are_not_sent_
         frozen: RedisServer) -> None:
     policy = BreakerPolicy(window_size=10, minimum_calls=10, failure_rate=0.5, open_for=5.0)
     target = fresh()
-    store = RedisStore(frozen.url, retry_after=0.2)
+    store = RedisStore(frozen.url, retry_after=0.2, op_timeout=SURE)
     breaker = store.breaker(target, policy)
     moves: list[Transition] = []
     breaker.add_listener(lambda _t, tr: moves.append(tr))
@@ -170,7 +173,7 @@ def test_after_sigcont_the_shared_breaker_wins_over_the_seeded_one(frozen: Redis
     for minutes; the shared breaker, closed by another process meanwhile, is what it follows."""
     policy = BreakerPolicy(window_size=10, minimum_calls=10, failure_rate=0.5, open_for=60.0)
     target = fresh()
-    stores = [RedisStore(frozen.url, retry_after=0.2) for _ in range(3)]
+    stores = [RedisStore(frozen.url, retry_after=0.2, op_timeout=SURE) for _ in range(3)]
     breakers = [s.breaker(target, policy) for s in stores]
     breakers[0].force_open(time.monotonic())
     assert [b.allow(time.monotonic()) for b in breakers] == [False] * 3
@@ -180,7 +183,7 @@ def test_after_sigcont_the_shared_breaker_wins_over_the_seeded_one(frozen: Redis
         assert all(b.state(time.monotonic()) is OPEN for b in breakers)
     finally:
         frozen.resume()
-    healer = RedisStore(frozen.url)
+    healer = RedisStore(frozen.url, op_timeout=SURE)
     healer.breaker(target, policy).force_closed(time.monotonic())
     for b in breakers:
         wait_until("the shared state to win", lambda b=b: b.allow(time.monotonic()))
@@ -192,8 +195,8 @@ def test_after_sigcont_the_shared_breaker_wins_over_the_seeded_one(frozen: Redis
 def test_a_bucket_seen_drained_stays_drained(frozen: RedisServer) -> None:
     policy = BucketPolicy(ratio=0.0, floor=0.1, max_tokens=0.0)  # one floor token, slow refill
     target = fresh()
-    spender = RedisStore(frozen.url, retry_after=5.0).bucket(target, policy)
-    looker = RedisStore(frozen.url, retry_after=5.0).bucket(target, policy)
+    spender = RedisStore(frozen.url, retry_after=5.0, op_timeout=SURE).bucket(target, policy)
+    looker = RedisStore(frozen.url, retry_after=5.0, op_timeout=SURE).bucket(target, policy)
     assert spender.withdraw(time.monotonic()) and not spender.withdraw(time.monotonic())
     assert looker.tokens(time.monotonic()) < 1  # it has seen the drained level
     before = askonce.stats()
@@ -212,8 +215,8 @@ def test_admission_falls_back_to_the_fleets_recent_ratio(frozen: RedisServer) ->
     the other sheds as the fleet did, not as its own empty history would (admit everything)."""
     policy = AdmissionPolicy()
     target = fresh()
-    worker = RedisStore(frozen.url, admission_refresh=0.01, retry_after=5.0)
-    reader = RedisStore(frozen.url, admission_refresh=0.01, retry_after=5.0)
+    worker = RedisStore(frozen.url, admission_refresh=0.01, retry_after=5.0, op_timeout=SURE)
+    reader = RedisStore(frozen.url, admission_refresh=0.01, retry_after=5.0, op_timeout=SURE)
     mine, theirs = worker.admission(target, policy), reader.admission(target, policy)
     for _ in range(40):
         assert mine.admit(time.monotonic(), 0.999)
@@ -237,7 +240,7 @@ def test_admission_falls_back_to_the_fleets_recent_ratio(frozen: RedisServer) ->
 async def test_the_async_store_seeds_its_fallback_too(frozen: RedisServer) -> None:
     policy = BreakerPolicy(window_size=10, minimum_calls=10, failure_rate=0.5, open_for=60.0)
     target = fresh()
-    astore = AsyncRedisStore(frozen.url, retry_after=5.0)
+    astore = AsyncRedisStore(frozen.url, retry_after=5.0, op_timeout=SURE)
     breaker = astore.breaker(target, policy)
     await breaker.force_open(time.monotonic())
     frozen.pause()
