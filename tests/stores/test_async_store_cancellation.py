@@ -17,10 +17,10 @@ async def test_a_cancellation_as_the_store_call_finishes_is_not_swallowed() -> N
     for _ in range(20):
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
-        async def call() -> int:
-            return await done
+        async def call(answer: asyncio.Future[int]) -> int:
+            return await answer
 
-        task = asyncio.create_task(store.run(call()))
+        task = asyncio.create_task(store.run(call(done)))
         for _ in range(3):
             await asyncio.sleep(0)  # the task now waits on the call
         done.set_result(1)
