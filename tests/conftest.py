@@ -6,9 +6,16 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from http_target import Target
 from redis_server import REDIS_SERVER, RedisServer, redis_server
+
+# Properties check logic, not speed: on a loaded machine input generation is slow and an example's
+# run time says nothing, so neither may fail a test (every test's own settings inherit this).
+settings.register_profile("askonce", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("askonce")
 
 
 def _need_redis() -> None:
