@@ -158,15 +158,18 @@ def test_do_not_retry_from_the_server_stops_retries_and_is_passed_on(mode: str, 
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("question", "attempt_timeout"), [({"deadline": 0.25}, None), ({}, 0.25)])
+@pytest.mark.parametrize(("question", "attempt_timeout"), [({"deadline": 1.0}, None), ({}, 1.0)])
 def test_each_attempt_is_bounded_by_the_deadline_and_attempt_timeout(mode: str, question: dict[str, Any],
                                                                      attempt_timeout: float | None,
                                                                      target: Target) -> None:
     with askonce.question(budget=2, **question), pytest.raises(askonce.GaveUp) as info:
         send(mode, policy(attempt_timeout=attempt_timeout), "GET", target.url("/slow"), timeout=5.0)
-    assert isinstance(info.value.__cause__, httpx.ReadTimeout)
+    # the try timed out (httpx's read timeout), or, on a loaded machine, the question's own
+    # deadline ended it first: either way not the 5 s of the client's own timeout
+    assert isinstance(info.value.__cause__, httpx.ReadTimeout) or (
+        "deadline" in question and isinstance(info.value, askonce.DeadlineExceeded))
     announced = parse_dictionary(target.raw[0] or "")
-    assert isinstance(announced, dict) and 0 < int(announced["d"]) <= 250  # type: ignore[arg-type]
+    assert isinstance(announced, dict) and 0 < int(announced["d"]) <= 1000  # type: ignore[arg-type]
 
 
 def test_a_flaky_target_is_answered_for_every_question(target: Target) -> None:
