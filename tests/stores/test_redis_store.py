@@ -445,13 +445,15 @@ async def test_async_tasks_lose_no_counts(shared_redis: RedisServer) -> None:
 async def test_async_store_falls_back_and_resumes(own_redis: RedisServer) -> None:
     import asyncio
 
-    astore = AsyncRedisStore(own_redis.url, retry_after=0.1)
+    # 1 s per call: on a loaded machine a healthy call never times out, so the one that meets the
+    # paused server is the first timeout (and is tried: the store is not already resting)
+    astore = AsyncRedisStore(own_redis.url, retry_after=0.1, op_timeout=1.0)
     target = fresh()
     breaker = astore.breaker(target, SMALL)
     bucket = astore.bucket(target, BucketPolicy(ratio=0.0, floor=1.0))
     assert await breaker.allow(time.monotonic())
     before = askonce.stats()
-    own_redis.pause()  # asyncio.wait_for bounds the call even where the client would wait
+    own_redis.pause()  # asyncio.timeout bounds the call even where the client would wait
     try:
         assert await bucket.withdraw(time.monotonic())  # the local bucket's floor token
         assert await breaker.allow(time.monotonic())
