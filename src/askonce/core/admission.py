@@ -32,23 +32,36 @@ taken as the latest seen, and a non-finite ``now`` raises ``ValueError``. The ra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Final
 
 from askonce.core import is_int, is_real
+from askonce.core.record import Record
 
 __all__ = ["Admission", "AdmissionPolicy"]
 
 _MAX_WINDOW: Final = 3600  # seconds: one bucket each
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionPolicy:
-    window: int = 10  # whole seconds of history
-    min_success: float = 0.05  # nothing is shed while the success rate is at least this
-    max_reject: float = 0.99  # never shed more than this share: the trickle that sees recovery
-    min_requests: int = 20  # no shedding before the window holds this many requests
-    count_rejected: bool = False  # True: the SRE book's formula (requests, not calls)
+class AdmissionPolicy(Record):
+    """When a layer starts shedding its attempts to a failing target, and how many at most."""
+
+    __slots__ = __match_args__ = ("window", "min_success", "max_reject", "min_requests",
+                                  "count_rejected")
+    window: int  # whole seconds of history
+    min_success: float  # nothing is shed while the success rate is at least this
+    max_reject: float  # never shed more than this share: the trickle that sees recovery
+    min_requests: int  # no shedding before the window holds this many requests
+    count_rejected: bool  # True: the SRE book's formula (requests, not calls)
+
+    def __init__(self, window: int = 10, min_success: float = 0.05, max_reject: float = 0.99,
+                 min_requests: int = 20, count_rejected: bool = False) -> None:
+        _set = object.__setattr__
+        _set(self, "window", window)
+        _set(self, "min_success", min_success)
+        _set(self, "max_reject", max_reject)
+        _set(self, "min_requests", min_requests)
+        _set(self, "count_rejected", count_rejected)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not is_int(self.window) or not 1 <= self.window <= _MAX_WINDOW:

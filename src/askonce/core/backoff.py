@@ -8,20 +8,28 @@ simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from askonce.core import is_real
+from askonce.core.record import Record
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
+class Backoff(Record):
     """``delay(n, u) = u * min(cap, base * multiplier ** (n - 1))`` for the n-th retry,
     ``u`` in [0, 1)."""
 
-    base: float = 0.05
-    cap: float = 2.0
-    multiplier: float = 2.0
-    jitter: bool = True
+    __slots__ = __match_args__ = ("base", "cap", "multiplier", "jitter")
+    base: float
+    cap: float
+    multiplier: float
+    jitter: bool
+
+    def __init__(self, base: float = 0.05, cap: float = 2.0, multiplier: float = 2.0,
+                 jitter: bool = True) -> None:
+        _set = object.__setattr__
+        _set(self, "base", base)
+        _set(self, "cap", cap)
+        _set(self, "multiplier", multiplier)
+        _set(self, "jitter", jitter)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for name in ("base", "cap", "multiplier"):

@@ -12,19 +12,27 @@ can make them without a lock; withdrawals settle the count under the shell's loc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from askonce.core import is_real
+from askonce.core.record import Record
 
 
-@dataclass(frozen=True, slots=True)
-class BucketPolicy:
+class BucketPolicy(Record):
+    """How many retries a client may make to one target: ``ratio`` per request plus a ``floor``."""
+
+    __slots__ = __match_args__ = ("ratio", "floor", "max_tokens")
     # Retry tokens earned per request. 0.2 is Finagle's default: at 10 % transient failures every
     # failure needs ~0.11 tokens per request, so a 0.1 ratio throttles legitimate retries
     # (docs/results.md, E2).
-    ratio: float = 0.2
-    floor: float = 10.0  # retries per second always allowed, refilled continuously
-    max_tokens: float = 100.0  # cap on earned tokens
+    ratio: float
+    floor: float  # retries per second always allowed, refilled continuously
+    max_tokens: float  # cap on earned tokens
+
+    def __init__(self, ratio: float = 0.2, floor: float = 10.0, max_tokens: float = 100.0) -> None:
+        _set = object.__setattr__
+        _set(self, "ratio", ratio)
+        _set(self, "floor", floor)
+        _set(self, "max_tokens", max_tokens)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for name in ("ratio", "floor", "max_tokens"):

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from askonce.core.record import Record
 
 # Crockford's base32: sortable in ASCII order, no ambiguous letters, URL-safe.
 _B32 = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -90,8 +91,7 @@ class Hop(NamedTuple):
         return f"{self.layer}:{self.attempt}"
 
 
-@dataclass(frozen=True, slots=True)
-class Question:
+class Question(Record):
     """An immutable snapshot of a question's identity and account.
 
     ``deadline`` is an absolute time on the reading process's monotonic clock (``None``: no
@@ -99,14 +99,27 @@ class Question:
     meet.
     """
 
+    __slots__ = __match_args__ = ("key", "origin", "edge", "budget", "deadline", "path", "sig")
     key: str
     origin: str
     edge: bool
     budget: int
-    deadline: float | None = None
-    path: tuple[Hop, ...] = ()
+    deadline: float | None
+    path: tuple[Hop, ...]
     # An originator's HMAC of the key (askonce.core.signing), forwarded unchanged.
-    sig: bytes | None = None
+    sig: bytes | None
+
+    def __init__(self, key: str, origin: str, edge: bool, budget: int,
+                 deadline: float | None = None, path: tuple[Hop, ...] = (),
+                 sig: bytes | None = None) -> None:
+        _set = object.__setattr__
+        _set(self, "key", key)
+        _set(self, "origin", origin)
+        _set(self, "edge", edge)
+        _set(self, "budget", budget)
+        _set(self, "deadline", deadline)
+        _set(self, "path", path)
+        _set(self, "sig", sig)
 
     def remaining(self, now: float) -> float | None:
         """Seconds left until the deadline at ``now`` (never negative), or ``None`` without a

@@ -33,18 +33,17 @@ lower budget before this layer even sleeps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
 from askonce.core import is_int, is_real
 from askonce.core.backoff import Backoff
 from askonce.core.question import Account, Hop, Tab
+from askonce.core.record import Record
 from askonce.core.wire import MAX_ATTEMPT, Reply
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetryPolicy(Record):
     """One layer's retry rules; ``budget`` and ``deadline`` apply only to questions it mints.
 
     ``one_layer`` (on by default): a layer that retried and then reached its own attempt limit
@@ -52,14 +51,30 @@ class RetryPolicy:
     failure retries, whatever budget the question has left; off, the layers above may spend it.
     """
 
-    attempts: int = 3
-    backoff: Backoff = Backoff()
-    budget: int = 2
-    deadline: float | None = 30.0
-    idempotent: bool = True
-    min_attempt: float = 0.0
-    max_pushback: float = 60.0
-    one_layer: bool = True
+    __slots__ = __match_args__ = ("attempts", "backoff", "budget", "deadline", "idempotent",
+                                  "min_attempt", "max_pushback", "one_layer")
+    attempts: int
+    backoff: Backoff
+    budget: int
+    deadline: float | None
+    idempotent: bool
+    min_attempt: float
+    max_pushback: float
+    one_layer: bool
+
+    def __init__(self, attempts: int = 3, backoff: Backoff = Backoff(), budget: int = 2,
+                 deadline: float | None = 30.0, idempotent: bool = True, min_attempt: float = 0.0,
+                 max_pushback: float = 60.0, one_layer: bool = True) -> None:
+        _set = object.__setattr__
+        _set(self, "attempts", attempts)
+        _set(self, "backoff", backoff)
+        _set(self, "budget", budget)
+        _set(self, "deadline", deadline)
+        _set(self, "idempotent", idempotent)
+        _set(self, "min_attempt", min_attempt)
+        _set(self, "max_pushback", max_pushback)
+        _set(self, "one_layer", one_layer)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         # An int: not a bool, float or str.
@@ -94,15 +109,25 @@ LOST = "lost"  # sent, and no response: the callee may have worked and spent (re
 DELIVERIES = frozenset({LOCAL, REFUSED, ANSWERED, LOST})
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
+class Failure(Record):
     """How an attempt failed, as far as the shell could tell: see the delivery constants above."""
 
-    retryable: bool = True
-    reply: Reply | None = None
-    delivery: str = LOCAL
-    retry_after: float | None = None
-    joinable: bool = False  # LOST to a callee that joins: the work may still be in flight there
+    __slots__ = __match_args__ = ("retryable", "reply", "delivery", "retry_after", "joinable")
+    retryable: bool
+    reply: Reply | None
+    delivery: str
+    retry_after: float | None
+    joinable: bool  # LOST to a callee that joins: the work may still be in flight there
+
+    def __init__(self, retryable: bool = True, reply: Reply | None = None, delivery: str = LOCAL,
+                 retry_after: float | None = None, joinable: bool = False) -> None:
+        _set = object.__setattr__
+        _set(self, "retryable", retryable)
+        _set(self, "reply", reply)
+        _set(self, "delivery", delivery)
+        _set(self, "retry_after", retry_after)
+        _set(self, "joinable", joinable)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.delivery not in DELIVERIES:

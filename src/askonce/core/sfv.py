@@ -20,7 +20,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass
+
+from askonce.core.record import Record
 
 MAX_HEADER_CHARS = 2048  # a header longer than this is malformed, unread
 
@@ -35,11 +36,14 @@ Item = int | bool | str | bytes
 Value = Item | list[Item]
 
 
-@dataclass(frozen=True, slots=True)
-class Malformed:
+class Malformed(Record):
     """Why a header was rejected; callers count these (``askonce.stats()``), nothing raises."""
 
+    __slots__ = __match_args__ = ("reason",)
     reason: str
+
+    def __init__(self, reason: str) -> None:
+        object.__setattr__(self, "reason", reason)
 
     def __bool__(self) -> bool:
         return False

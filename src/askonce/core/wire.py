@@ -19,11 +19,11 @@ import base64
 import binascii
 import math
 import re
-from dataclasses import dataclass
 from typing import TypeVar
 
 from askonce.core import is_int, is_real, sfv
 from askonce.core.question import Account, Frame, Hop, Question, Tab
+from askonce.core.record import Record
 from askonce.core.sfv import MAX_HEADER_CHARS as MAX_HEADER_CHARS
 from askonce.core.sfv import Item as Item
 from askonce.core.sfv import Malformed as Malformed
@@ -50,12 +50,18 @@ REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open
 "do not retry") but reported as they came."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(Record):
     """A receiving layer's own maximums; incoming budgets and deadlines are clamped to them."""
 
-    max_budget: int = 10
-    max_deadline: float = 300.0  # seconds
+    __slots__ = __match_args__ = ("max_budget", "max_deadline")
+    max_budget: int
+    max_deadline: float  # seconds
+
+    def __init__(self, max_budget: int = 10, max_deadline: float = 300.0) -> None:
+        _set = object.__setattr__
+        _set(self, "max_budget", max_budget)
+        _set(self, "max_deadline", max_deadline)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         b = self.max_budget
@@ -67,8 +73,7 @@ class Limits:
                              f"got {d!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(Record):
     """What a callee tells its caller about the question's account.
 
     ``budget``: what is left after the callee's own spending. ``dnr``: do not retry, with
@@ -77,11 +82,21 @@ class Reply:
     flight (``askonce.integrations.asgi_join``), so a retry of a timed-out try adds no work.
     """
 
+    __slots__ = __match_args__ = ("budget", "dnr", "reason", "pushback", "joins")
     budget: int
-    dnr: bool = False
-    reason: str | None = None
-    pushback: float | None = None
-    joins: bool = False
+    dnr: bool
+    reason: str | None
+    pushback: float | None
+    joins: bool
+
+    def __init__(self, budget: int, dnr: bool = False, reason: str | None = None,
+                 pushback: float | None = None, joins: bool = False) -> None:
+        _set = object.__setattr__
+        _set(self, "budget", budget)
+        _set(self, "dnr", dnr)
+        _set(self, "reason", reason)
+        _set(self, "pushback", pushback)
+        _set(self, "joins", joins)
 
 
 # --- the general parser ---------------------------------------------------------------------------
