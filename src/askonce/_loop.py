@@ -16,16 +16,17 @@ schedules a message. Every decision is :class:`~askonce.core.retry.RetryState`'s
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextvars import Token
 from functools import partial
-from types import TracebackType
+from types import CoroutineType, GeneratorType, TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from askonce._context import FRAME
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
     from askonce.core.breaker import Breaker
     from askonce.core.bucket import TokenBucket
 from askonce.core.question import Frame, Hop, Tab
@@ -177,8 +178,21 @@ class _Refuse:
 REFUSE: AdmissionHandle = _Refuse()
 
 
+def isawaitable(value: object) -> TypeIs[Awaitable[Any]]:
+    """``inspect.isawaitable``, written out: importing ``inspect`` costs more than the rest of
+    ``import askonce`` (``tests/client/test_import_shortcuts.py`` checks they agree)."""
+    if isinstance(value, CoroutineType):
+        return True
+    if isinstance(value, GeneratorType) and value.gi_code.co_flags & _ITERABLE_CORO:
+        return True
+    return isinstance(value, Awaitable)
+
+
+_ITERABLE_CORO = 0x100  # inspect.CO_ITERABLE_COROUTINE: a generator made by @types.coroutine
+
+
 def _now(value: T | Awaitable[T]) -> T:
-    if inspect.isawaitable(value):
+    if isawaitable(value):
         close = getattr(value, "close", None)
         if close is not None:
             close()  # a coroutine never awaited would warn at garbage collection
@@ -211,7 +225,7 @@ async def aadvance(loop: Generator[Step, Any, Any], value: Any,
         if kind is ATTEMPT:
             return what  # type: ignore[no-any-return]
         value = sleep(what) if kind is SLEEP else what()
-        if inspect.isawaitable(value):
+        if isawaitable(value):
             value = await value
 
 

@@ -17,9 +17,9 @@ Two forms, one object::
 from __future__ import annotations
 
 import functools
-import inspect
 import random as _random
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
@@ -80,6 +80,25 @@ def _layer_name(fn: Callable[..., Any]) -> str:
                    for c in getattr(fn, "__qualname__", "call"))
     name = name.lstrip("0123456789_.-") or "call"
     return name[:32]
+
+
+# inspect.CO_GENERATOR | CO_ASYNC_GENERATOR, and CO_COROUTINE
+_GENERATOR_FLAGS, _COROUTINE_FLAG = 0x20 | 0x200, 0x80
+
+
+def function_kind(fn: object) -> tuple[bool, bool]:
+    """(whether calling ``fn`` makes a generator or an async generator, whether it is a coroutine
+    function), as ``inspect`` says. A plain function's code flags say it without ``inspect``, whose
+    import costs more than the rest of ``import askonce``; anything else (a method, a partial, a
+    function marked with ``inspect.markcoroutinefunction``) asks ``inspect``
+    (``tests/client/test_import_shortcuts.py`` checks they agree)."""
+    if type(fn) is types.FunctionType and not hasattr(fn, "_is_coroutine_marker"):
+        flags = fn.__code__.co_flags
+        return bool(flags & _GENERATOR_FLAGS), bool(flags & _COROUTINE_FLAG)
+    import inspect
+
+    return (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn),
+            inspect.iscoroutinefunction(fn))
 
 
 class retry:  # spelled like a function: it is used as a decorator
@@ -201,13 +220,14 @@ class retry:  # spelled like a function: it is used as a decorator
             return cast(Callable[P, Any], type(fn)(self(fn.__func__)))
         if not callable(fn):
             raise ValueError(f"@askonce.retry decorates a function, got {fn!r}")
-        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        generator, coroutine = function_kind(fn)
+        if generator:
             # Calling one only makes the generator: its failures come later, while it is iterated,
             # where no retry could resume it. Decorate the function that makes each call instead.
             raise ValueError(f"@askonce.retry cannot retry a generator function ({fn!r}): "
                              "decorate the call inside it")
         layer = self.layer or _layer_name(fn)
-        if inspect.iscoroutinefunction(fn):
+        if coroutine:
             return self._async_wrapper(fn, layer)
         return self._sync_wrapper(fn, layer)
 
