@@ -17,6 +17,7 @@ import pytest
 
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.backoff import Backoff
+from askonce.core.breaker import BreakerPolicy, State, Transition
 from askonce.core.bucket import BucketPolicy
 from askonce.core.question import Hop, Question
 from askonce.core.record import Record
@@ -41,6 +42,9 @@ SAMPLES: list[Record] = [
     AdmissionPolicy(20, 0.1, 0.5, 7, True),
     AdmissionPolicy(),
     Malformed("budget"),
+    BreakerPolicy("time", 30, 5, 0.5, 0.8, 1.5, 4.0, 2),
+    BreakerPolicy(),
+    Transition(State.CLOSED, State.OPEN, 12.5, "failure-rate"),
     Question("k" * 20, "edge", True, 2, 3.5, (Hop("a", 1), Hop("b", 2)), b"sig"),
     Question("k" * 20, "edge", False, 0),
 ]

@@ -61,11 +61,11 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from askonce.core import is_int, is_real
 from askonce.core.breaker_window import FAIL, SLOW, CountWindow, TimeWindow, Window
+from askonce.core.record import Record
 
 __all__ = ["Breaker", "BreakerPolicy", "State", "Transition"]
 
@@ -76,8 +76,7 @@ _MAX_TIME_WINDOW: Final = 86_400  # seconds: one day of buckets
 
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
+class BreakerPolicy(Record):
     """When a circuit breaker opens and how it probes.
 
     The defaults are for a dependency that is either up or down: the breaker opens only on
@@ -87,15 +86,33 @@ class BreakerPolicy:
     minimum_calls=20)``.
     """
 
-    window: Literal["count", "time"] = "count"
-    window_size: int = 100  # calls for a count window; whole seconds for a time window
-    minimum_calls: int = 100  # no verdict before the window holds this many calls
-    failure_rate: float = 0.99  # open when failures/calls >= this
-    slow_call_rate: float = 1.0  # open when slow/calls >= this (only if slow_call_duration is set)
+    __slots__ = __match_args__ = ("window", "window_size", "minimum_calls", "failure_rate",
+                                  "slow_call_rate", "slow_call_duration", "open_for",
+                                  "half_open_probes")
+    window: Literal["count", "time"]
+    window_size: int  # calls for a count window; whole seconds for a time window
+    minimum_calls: int  # no verdict before the window holds this many calls
+    failure_rate: float  # open when failures/calls >= this
+    slow_call_rate: float  # open when slow/calls >= this (only if slow_call_duration is set)
     # Seconds; a call at least this slow is slow; None disables.
-    slow_call_duration: float | None = None
-    open_for: float = 2.0  # seconds in OPEN before probes are admitted (docs/results.md: why 2)
-    half_open_probes: int = 3  # probes admitted in HALF_OPEN; all must succeed to close
+    slow_call_duration: float | None
+    open_for: float  # seconds in OPEN before probes are admitted (docs/results.md: why 2)
+    half_open_probes: int  # probes admitted in HALF_OPEN; all must succeed to close
+
+    def __init__(self, window: Literal["count", "time"] = "count", window_size: int = 100,
+                 minimum_calls: int = 100, failure_rate: float = 0.99, slow_call_rate: float = 1.0,
+                 slow_call_duration: float | None = None, open_for: float = 2.0,
+                 half_open_probes: int = 3) -> None:
+        _set = object.__setattr__
+        _set(self, "window", window)
+        _set(self, "window_size", window_size)
+        _set(self, "minimum_calls", minimum_calls)
+        _set(self, "failure_rate", failure_rate)
+        _set(self, "slow_call_rate", slow_call_rate)
+        _set(self, "slow_call_duration", slow_call_duration)
+        _set(self, "open_for", open_for)
+        _set(self, "half_open_probes", half_open_probes)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.window not in ("count", "time"):
@@ -148,8 +165,10 @@ _OPEN: Final = State.OPEN
 _HALF_OPEN: Final = State.HALF_OPEN
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(Record):
+    """A change of a breaker's state, as its listeners are told it."""
+
+    __slots__ = __match_args__ = ("old", "new", "at", "reason")
     old: State
     new: State
     # When the change took effect (for open-elapsed: the deadline, not when it was noticed).
@@ -157,6 +176,13 @@ class Transition:
     # failure-rate, slow-call-rate, open-elapsed, probe-failed, probe-slow, probes-succeeded,
     # forced or seeded
     reason: str
+
+    def __init__(self, old: State, new: State, at: float, reason: str) -> None:
+        _set = object.__setattr__
+        _set(self, "old", old)
+        _set(self, "new", new)
+        _set(self, "at", at)
+        _set(self, "reason", reason)
 
 
 class Breaker:
