@@ -5,7 +5,15 @@ Each measurement is a new ``python -c`` process timing its own ``import`` with `
 also lists what ``import askonce`` pulls in (``-X importtime``) and fails if that includes asyncio or
 any web/RPC framework: integrations must be imported lazily.
 
-    python bench/bench_import.py          # markdown tables, ~10 s
+Issue 16's goal is the ratio askonce / tenacity of the wall medians, at most 0.5. Beside the bare
+import it times a first use, in a fresh interpreter too: the import, decorating a function and one
+call (askonce's default store is made on the first call), against tenacity doing the same; so a cost
+moved from the import to the first use shows. ``--before SRC`` adds another askonce tree (its
+``src`` directory, e.g. a worktree of the previous commit), imported in the same rounds, for a
+before/after table.
+
+    python bench/bench_import.py                        # markdown tables, ~10 s
+    python bench/bench_import.py --before /path/to/old/src
 """
 
 from __future__ import annotations
@@ -22,22 +30,32 @@ import tempfile
 
 LIBS = ("askonce", "tenacity", "stamina", "backoff")
 TARGET_MS = 15.0
+TARGET_RATIO = 0.5  # issue 16: askonce / tenacity, wall medians
+BEFORE = "askonce (before)"
+
+# A first use: import, decorate one function, call it once (it succeeds).
+FIRST_USE = {
+    "askonce": "import askonce\n@askonce.retry(on=ConnectionError)\ndef f(): return 1\nf()",
+    "tenacity": ("import tenacity\n@tenacity.retry(retry=tenacity.retry_if_exception_type("
+                 "ConnectionError), stop=tenacity.stop_after_attempt(3))\ndef f(): return 1\nf()"),
+}
 FRAMEWORKS = ("asyncio", "fastapi", "starlette", "flask", "werkzeug", "httpx", "httpcore", "requests", "urllib3",
               "grpc", "redis", "prometheus_client", "opentelemetry", "rich", "uvicorn", "waitress", "anyio",
               "sniffio", "h11", "pydantic", "structlog", "trio")
 
 PROBE = """
 import sys, time, json
+program = compile({code!r}, "<probe>", "exec")
 before = set(sys.modules)
 c0, t0 = time.process_time_ns(), time.perf_counter_ns()
-import {lib}
+exec(program, {{}})
 t1, c1 = time.perf_counter_ns(), time.process_time_ns()
 new = set(sys.modules) - before
 print(json.dumps({{"ns": t1 - t0, "cpu_ns": c1 - c0, "new": sorted(new)}}))
 """
 
 
-def _env() -> dict[str, str]:
+def _env(src: str | None = None) -> dict[str, str]:
     """Bytecode cached for every library alike, as after an ordinary install.
 
     The peers come with ``.pyc`` files from pip; askonce, installed editable, has none, and with
@@ -46,12 +64,16 @@ def _env() -> dict[str, str]:
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "askonce-bench-pycache")
+    if src is not None:  # another askonce tree first on the path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     return env
 
 
-def probe(lib: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(lib=lib)], capture_output=True, text=True,
-                         check=True, timeout=30, env=_env())
+def probe(lib: str, src: str | None = None, code: str | None = None) -> dict[str, object]:
+    """One fresh interpreter running ``code`` (default ``import lib``), timed around it."""
+    program = PROBE.format(code=code or f"import {lib}")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         check=True, timeout=30, env=_env(src))
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
@@ -82,24 +104,32 @@ def verdict(ok: bool) -> str:
     return "pass" if ok else "**FAIL**"
 
 
-def run(runs: int) -> tuple[str, list[str]]:
+def run(runs: int, before: str | None = None) -> tuple[str, list[str]]:
     """The report, and what `import askonce` imported that it must not."""
     load_before = os.getloadavg()[0]
-    for lib in LIBS:  # warm the bytecode cache and the page cache
-        probe(lib)
-        probe(lib)
-    times: dict[str, list[float]] = {lib: [] for lib in LIBS}
-    cpu: dict[str, list[float]] = {lib: [] for lib in LIBS}
+    # (label, library, src, code): every probe of a round, interleaved
+    probes = [(lib, lib, None, None) for lib in LIBS]
+    if before is not None:
+        probes.insert(1, (BEFORE, "askonce", before, None))
+    probes += [(f"{lib}, first use", lib, None, code) for lib, code in FIRST_USE.items()]
+    if before is not None:
+        probes.append((f"{BEFORE}, first use", "askonce", before, FIRST_USE["askonce"]))
+    for _, lib, src, code in probes:  # warm the bytecode cache and the page cache
+        probe(lib, src, code)
+        probe(lib, src, code)
+    times: dict[str, list[float]] = {label: [] for label, *_ in probes}
+    cpu: dict[str, list[float]] = {label: [] for label, *_ in probes}
     new_modules: dict[str, list[str]] = {}
     for _ in range(runs):
-        for lib in LIBS:
-            result = probe(lib)
-            times[lib].append(int(result["ns"]) / 1e6)  # type: ignore[call-overload]
-            cpu[lib].append(int(result["cpu_ns"]) / 1e6)  # type: ignore[call-overload]
-            new_modules[lib] = list(result["new"])  # type: ignore[call-overload]
+        for label, lib, src, code in probes:
+            result = probe(lib, src, code)
+            times[label].append(int(result["ns"]) / 1e6)  # type: ignore[call-overload]
+            cpu[label].append(int(result["cpu_ns"]) / 1e6)  # type: ignore[call-overload]
+            new_modules[label] = list(result["new"])  # type: ignore[call-overload]
     load_after = os.getloadavg()[0]
-    medians = {lib: statistics.median(t) for lib, t in times.items()}
-    cpu_medians = {lib: statistics.median(t) for lib, t in cpu.items()}
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    cpu_medians = {label: statistics.median(t) for label, t in cpu.items()}
+    imports = [label for label, _, _, code in probes if code is None]
 
     lines = [
         "### `import` time in a fresh interpreter",
@@ -112,16 +142,45 @@ def run(runs: int) -> tuple[str, list[str]]:
         "| library | wall (ms), median | min | max | CPU (ms), median | modules added | asyncio | frameworks |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
-    for lib in LIBS:
-        new = new_modules[lib]
+    for label in imports:
+        new = new_modules[label]
         top = {m.split(".")[0] for m in new}
         frameworks = sorted(f for f in FRAMEWORKS if f in top and f != "asyncio")
-        lines.append(f"| {lib} | {medians[lib]:.1f} | {min(times[lib]):.1f} | {max(times[lib]):.1f} "
-                     f"| {cpu_medians[lib]:.1f} | {len(new)} | {'yes' if 'asyncio' in top else 'no'} "
+        lines.append(f"| {label} | {medians[label]:.1f} | {min(times[label]):.1f} | {max(times[label]):.1f} "
+                     f"| {cpu_medians[label]:.1f} | {len(new)} | {'yes' if 'asyncio' in top else 'no'} "
                      f"| {', '.join(frameworks) or 'none'} |")
     lines.append("")
     lines.append("Peer / askonce, wall medians: " + ", ".join(
         f"{peer} {medians[peer] / medians['askonce']:.2f}x" for peer in LIBS[1:]) + ".")
+
+    def ratio_row(what: str, label: str, peer: str) -> str:
+        wall, cpu_ratio = medians[label] / medians[peer], cpu_medians[label] / cpu_medians[peer]
+        return f"| {what} | {wall:.2f}x | {cpu_ratio:.2f}x | {verdict(wall <= TARGET_RATIO)} |"
+
+    first = [label for label, _, _, code in probes if code is not None]
+    lines += [
+        "",
+        "First use in a fresh interpreter: the import, decorating one function, one call (askonce:"
+        " `@askonce.retry(on=ConnectionError)`; tenacity: `@tenacity.retry(retry="
+        "retry_if_exception_type(ConnectionError), stop=stop_after_attempt(3))`):",
+        "",
+        "| first use | wall (ms), median | min | max | CPU (ms), median | modules added |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for label in first:
+        t = times[label]
+        lines.append(f"| {label.removesuffix(', first use')} | {medians[label]:.1f} | {min(t):.1f} "
+                     f"| {max(t):.1f} | {cpu_medians[label]:.1f} | {len(new_modules[label])} |")
+    lines += [
+        "",
+        f"| askonce / tenacity (issue 16: at most {TARGET_RATIO:g}x) | wall | CPU | result (wall) |",
+        "|---|---:|---:|---|",
+        ratio_row("`import`", "askonce", "tenacity"),
+        ratio_row("first use", "askonce, first use", "tenacity, first use"),
+    ]
+    if before is not None:
+        lines += [ratio_row("`import`, before", BEFORE, "tenacity"),
+                  ratio_row("first use, before", f"{BEFORE}, first use", "tenacity, first use")]
 
     runs_of_rows = [importtime("askonce") for _ in range(5)]
     by_module: dict[str, list[tuple[int, int]]] = {}
@@ -159,8 +218,10 @@ def run(runs: int) -> tuple[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--before", metavar="SRC",
+                    help="another askonce tree's src directory, measured in the same rounds")
     args = ap.parse_args(argv)
-    report, bad = run(args.runs)
+    report, bad = run(args.runs, args.before)
     print(report)
     if bad:  # a rule, not a figure: asyncio and frameworks are imported only by the integrations that need them
         print(f"\nimport askonce imported {', '.join(bad)}", file=sys.stderr)
