@@ -125,3 +125,25 @@ def test_import_askonce_decorating_and_a_call_import_no_inspect_and_no_dataclass
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=60).stdout
     assert out.strip() == "[]"
+
+
+def test_the_wire_expressions_compile_on_the_first_header_and_then_stay_compiled() -> None:
+    code = """
+import re, askonce
+from askonce.core import wire
+names = ("_canonical_fullmatch", "_key_fullmatch", "_name_fullmatch")
+print([getattr(getattr(wire, n), "__self__", None) for n in names])  # stand-ins: functions
+canonical = 'v=1, k="01HF7YAT0000041061050R3GG28A1C60T3GF", o=edge, e, b=2, d=2500, p=(edge:1 gw:2)'
+general = 'v=1, b=2, k="01HF7YAT0000041061050R3GG28A1C60T3GF", o=edge'
+first = [wire.parse_question(canonical, 0.0), wire.parse_question(general, 0.0)]
+compiled = [getattr(wire, n).__self__ for n in names]
+print(all(isinstance(p, re.Pattern) for p in compiled))
+again = [wire.parse_question(canonical, 0.0), wire.parse_question(general, 0.0)]
+print([getattr(wire, n).__self__ for n in names] == compiled, first == again)
+print(first[0].key == first[1].key, first[0].budget, [str(h) for h in first[0].path])
+print(wire.valid_name("gw"), wire.valid_name("9gw"), wire.parse_question('v=1, k="short", o=a, b=1', 0.0))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.splitlines()
+    assert out == ["[None, None, None]", "True", "True True", "True 2 ['edge:1', 'gw:2']",
+                   "True False Malformed(reason='key')"]

@@ -19,6 +19,7 @@ import base64
 import binascii
 import math
 import re
+from collections.abc import Callable
 from typing import TypeVar
 
 from askonce.core import is_int, is_real, sfv
@@ -110,13 +111,30 @@ def parse_dictionary(text: str) -> dict[str, Value] | Malformed:
 
 # --- askonce-question -----------------------------------------------------------------------------
 
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
-_KEY_TEXT = re.compile(r"[0-9A-Za-z_-]{16,64}")
+_Fullmatch = Callable[[str], "re.Match[str] | None"]
+
+
+def _on_first_use(name: str, pattern: str) -> _Fullmatch:
+    """A stand-in for the module global ``name``: on its first call it compiles ``pattern`` and
+    puts the expression's ``fullmatch`` in its place, so later calls cost what a compiled one
+    does. Compiling at import cost more than any other line of ``import askonce``, and a process
+    may never read a header (an in-process ``@askonce.retry``)."""
+
+    def compile_then_match(text: str) -> re.Match[str] | None:
+        fullmatch = re.compile(pattern).fullmatch
+        globals()[name] = fullmatch
+        return fullmatch(text)
+
+    return compile_then_match
+
+
+_name_fullmatch = _on_first_use("_name_fullmatch", r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
+_key_fullmatch = _on_first_use("_key_fullmatch", r"[0-9A-Za-z_-]{16,64}")
 
 
 def valid_name(name: str) -> bool:
     """Layer and origin names: a letter, then up to 31 of letters, digits, ``_ . -``."""
-    return _NAME.fullmatch(name) is not None
+    return _name_fullmatch(name) is not None
 
 
 def _int_in(value: Value | None, hi: int) -> int | None:
@@ -136,11 +154,11 @@ def _hop(item: Item) -> Hop | None:
 
 
 _HOP_TEXT = r"[A-Za-z][A-Za-z0-9_.-]{0,31}:[0-9]{1,4}"
-_CANONICAL = re.compile(
+_canonical_fullmatch = _on_first_use("_canonical_fullmatch", (
     r'v=1, k="([0-9A-Za-z_-]{16,64})", o=([A-Za-z][A-Za-z0-9_.-]{0,31})(, e)?, b=([0-9]{1,4})'
     rf"(?:, d=([0-9]{{1,8}}))?(?:, p=\(({_HOP_TEXT}(?: {_HOP_TEXT}){{0,{MAX_HOPS - 1}}})\))?"
     r"(?:, s=:([A-Za-z0-9+/]{4,88}={0,2}):)?"
-)
+))
 
 
 # Paths repeat (the few routes questions take through a fleet), so the canonical parse reads each
@@ -190,7 +208,7 @@ def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
     Anything else, including a value out of range, returns ``None`` and goes to the general parser,
     which decides (``tests/core/test_wire.py`` checks both paths agree on arbitrary input).
     """
-    m = _CANONICAL.fullmatch(text)
+    m = _canonical_fullmatch(text)
     if m is None:
         return None
     key, origin, edge, b, d, p, sig_text = m.groups()
@@ -278,7 +296,7 @@ def _parse_question_general(text: str, now: float, limits: Limits) -> Question |
     if d.get("v") != VERSION or type(d.get("v")) is not int:
         return Malformed("version")
     key = d.get("k")
-    if type(key) is not str or _KEY_TEXT.fullmatch(key) is None:
+    if type(key) is not str or _key_fullmatch(key) is None:
         return Malformed("key")
     origin = d.get("o")
     if type(origin) is not Token or not valid_name(origin):
