@@ -17,7 +17,6 @@ re-exported by :mod:`askonce.core.wire`; ``wire.parse_dictionary`` is the name t
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 
@@ -96,6 +95,8 @@ def _item(m: re.Match[str]) -> Item | None:
     y = m.group("y")
     if y is None or len(y) % 4:
         return None
+    import base64  # only a byte sequence needs it: not imported with askonce
+
     try:
         return base64.b64decode(y, validate=True)
     except binascii.Error:

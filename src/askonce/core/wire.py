@@ -15,7 +15,6 @@ See ``docs/protocol.md`` for the specification with examples.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import math
 import re
@@ -232,6 +231,8 @@ def _canonical(text: str, now: float, limits: Limits) -> _Fields | None:
     if sig_text is not None:
         if len(sig_text) % 4:
             return None
+        import base64  # only a signed key needs it: not imported with askonce
+
         try:
             sig = base64.b64decode(sig_text, validate=True)
         except binascii.Error:
@@ -391,6 +392,8 @@ def format_question(
     if path:
         text += f", p=({_cached_path_text(path)})"
     if sig:
+        import base64
+
         text += f", s=:{base64.b64encode(sig[:MAX_SIG_BYTES]).decode('ascii')}:"
     if rejoin:
         text += ", j"
