@@ -179,7 +179,7 @@ REFUSE: AdmissionHandle = _Refuse()
 
 
 def isawaitable(value: object) -> TypeIs[Awaitable[Any]]:
-    """``inspect.isawaitable``, written out: importing ``inspect`` costs more than the rest of
+    """``inspect.isawaitable``, written out: importing ``inspect`` costs almost as much as all of
     ``import askonce`` (``tests/client/test_import_shortcuts.py`` checks they agree)."""
     if isinstance(value, CoroutineType):
         return True

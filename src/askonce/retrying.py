@@ -89,7 +89,8 @@ _GENERATOR_FLAGS, _COROUTINE_FLAG = 0x20 | 0x200, 0x80
 def function_kind(fn: object) -> tuple[bool, bool]:
     """(whether calling ``fn`` makes a generator or an async generator, whether it is a coroutine
     function), as ``inspect`` says. A plain function's code flags say it without ``inspect``, whose
-    import costs more than the rest of ``import askonce``; anything else (a method, a partial, a
+    import (with ``ast``, ``dis`` and ``tokenize``) costs almost as much as all of ``import
+    askonce``; anything else (a method, a partial, a
     function marked with ``inspect.markcoroutinefunction``) asks ``inspect``
     (``tests/client/test_import_shortcuts.py`` checks they agree)."""
     if type(fn) is types.FunctionType and not hasattr(fn, "_is_coroutine_marker"):
