@@ -101,6 +101,9 @@ def test_a_record_behaves_as_its_dataclass_twin(record: Record) -> None:
     assert same == record and same is not record and hash(same) == hash(record)
     assert record != twin  # another class, as two different dataclasses are never equal
     assert record.__eq__(object()) is NotImplemented
+    # written for the class on first use, then called directly
+    assert {"__repr__", "__eq__", "__hash__"} <= set(vars(type(record)))
+    assert (repr(record), hash(record), record == same) == (repr(twin), hash(twin), True)
 
 
 def vars_of(record: Record) -> list[Any]:
@@ -173,6 +176,9 @@ def test_a_dataclass_may_extend_a_record() -> None:
     t = Tagged(4, 5.0, "y")
     assert [f.name for f in dataclasses.fields(t)] == ["max_budget", "max_deadline", "tag"]
     assert (t.max_budget, t.max_deadline, t.tag) == (4, 5.0, "y")
+    assert t != Tagged(4, 5.0, "z") and hash(t) == hash(Tagged(4, 5.0, "y"))
+    back = copy.deepcopy(t)
+    assert (back.max_budget, back.max_deadline, back.tag) == (4, 5.0, "y")
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.tag = "z"  # type: ignore[misc]
 
