@@ -5,7 +5,8 @@ dataclass writes and compiles its methods when its module is imported: together 
 ``import askonce`` cost. A :class:`Record` subclass instead names its fields once, in
 ``__slots__ = __match_args__ = (...)`` (with an annotation each), and writes its own ``__init__``,
 setting each field with ``object.__setattr__`` and then validating. The base gives it the rest:
-``repr``, equality and hash over the fields in order, ``FrozenInstanceError`` on assignment and
+``repr``, equality and hash over the fields in order (written for the class on first use, as a
+dataclass writes them at import), ``FrozenInstanceError`` on assignment and
 deletion, pickling and copying (the same pickles as the dataclass's), ``__replace__`` and, made on
 first use by the ``dataclasses`` module the caller has imported, ``__dataclass_fields__`` and
 ``__dataclass_params__``, so ``dataclasses.fields``, ``replace``, ``asdict`` and ``is_dataclass``
