@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-SCENARIO_NAMES = ("depth", "transient", "clients", "overload", "slow", "jitter", "tail")
+SCENARIO_NAMES = ("depth", "transient", "clients", "overload", "slow", "jitter", "tail", "stuck")
 QUICK = 0.1  # --quick: this share of each scenario's duration
 
 
@@ -88,6 +88,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="clients: counts, e.g. 10,100,1000; jitter: the first one")
     g.add_argument("--triggers", type=_floats,
                    help="overload: seconds of the capacity cut, e.g. 2,5,10")
+    g.add_argument("--slow-times", type=_floats,
+                   help="stuck: seconds of the target's work per arrival, e.g. 3,5")
+    g.add_argument("--attempt-timeout", action="store_true",
+                   help="stuck: the layers' timeout is ClientPolicy.attempt_timeout, which a "
+                        "layer lifts toward a callee that joins (default: the transport's own)")
     k = p.add_argument_group("the policies")
     k.add_argument("--attempts", type=int,
                    help="attempts per layer (default 3; overload 4; jitter 100)")
@@ -214,6 +219,10 @@ def _scenario_kwargs(name: str, args: argparse.Namespace) -> dict[str, Any]:
             kw["clients"] = args.clients[0]
     if args.triggers and "triggers" in defaults:
         kw["triggers"] = args.triggers
+    if args.slow_times and "slow_times" in defaults:
+        kw["slow_times"] = args.slow_times
+    if args.attempt_timeout and "transport" in defaults:
+        kw["transport"] = False
     return kw
 
 

@@ -13,6 +13,13 @@ Policies without propagation model stacks that forward only an id header: each h
 local tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id
 header still reaches the target, so the ledger can count their arrivals per question as well.
 
+Async mode (``Policy.respond_async``): a layer that rejoins asks its callee ``Prefer:
+respond-async``; a callee that joins answers 202 at once (the run, or the wait for the run in
+flight, goes on there) and the layer long-polls the status location (``Poll``), each poll held up
+to the layer's per-attempt timeout (at most ``MAX_LONG_POLL``) less ``POLL_MARGIN``, until the
+run's answer, a 404 (no run there, or a failed one: fail closed) or its deadline. Polls are
+counted (``Stats.polls``), never as arrivals; they spend no budget.
+
 Headers are not serialised on the hot path, to keep each simulated hop cheap; the fast path
 applies the wire's own millisecond rounding and the receiver's ``Limits``, and ``wire_text=True``
 runs the real ``format_question``/``parse_question`` round trip on every hop instead (a test checks
@@ -60,12 +67,14 @@ _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failu
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
 _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
+MAX_LONG_POLL = 30.0  # seconds a status poll may be held (integrations._join_async)
+POLL_MARGIN = 0.05  # a poll asks to be held this much less than its caller would wait for it
 
 
 class Asked:
     """The simulator's bookkeeping of one question: not the library's, which never sees it."""
 
-    __slots__ = ("arrivals", "born", "client", "due", "key", "live")
+    __slots__ = ("arrivals", "born", "client", "due", "key", "live", "polls")
 
     def __init__(self, key: str, client: int, born: float, due: float) -> None:
         self.key = key
@@ -73,15 +82,16 @@ class Asked:
         self.born = born
         self.due = due
         self.arrivals = 0
+        self.polls = 0  # status polls of async tries, at every hop
         self.live = 1  # hops and messages still able to cause an arrival; 0: the count is final
 
 
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("arrived", "asked", "budget", "deadline", "layer", "loop", "ok", "out", "parent",
-                 "path", "rejoin", "remaining", "reply", "sent", "started", "state", "tab",
-                 "waiting")  # fmt: skip
+    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "layer", "loop",
+                 "ok", "out", "parent", "path", "patience", "rejoin", "remaining", "reply", "sent",
+                 "started", "state", "tab", "waiting")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
@@ -104,19 +114,38 @@ class Call:
         self.ok = False
         self.rejoin = False  # a re-attach: joined, or refused, never run
         self.waiting = False  # at the target, under a concurrency limit: in the queue
+        self.asks = False  # asks respond-async (Policy.respond_async, toward a callee that joins)
+        self.accepted = False  # answered 202: its caller polls, the answer goes to the polls
+        self.patience: float | None = None  # the caller's per-attempt timeout (caps each poll)
 
 
 class Run:
     """A question's run at one hop that later arrivals join (``Policy.join``): the call serving
     it, the budget it was sent, the arrivals waiting for it, and whether it answered well."""
 
-    __slots__ = ("budget", "call", "done", "waiters")
+    __slots__ = ("budget", "call", "done", "polls", "waiters")
 
     def __init__(self, call: Call, budget: int) -> None:
         self.call = call
         self.budget = budget
         self.waiters: list[Call] = []
+        self.polls: list[Poll] = []  # status polls held until the run answers
         self.done = False
+
+
+class Poll:
+    """One long-poll of an async try's status location: held at the callee up to ``wait``
+    seconds; ``status`` what it came back with (200 the run's answer, 202 not yet, 404 none)."""
+
+    __slots__ = ("child", "ok", "reply", "run", "status", "wait")
+
+    def __init__(self, child: Call, wait: float) -> None:
+        self.child = child  # the try whose caller polls
+        self.wait = wait
+        self.run: Run | None = None  # where it is held
+        self.status = 0  # 0: not answered yet
+        self.ok = False
+        self.reply: Reply | None = None
 
 
 class Layer:
@@ -171,6 +200,10 @@ class Sim:
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
         self._edge_rejoins = self._join and policy.edge_rejoins
+        self._async = self._join and policy.respond_async
+        self._lifted = not world.transport_timeout  # a layer lifts its timeout toward a joiner
+        self._on_accepted, self._on_poll = self.on_accepted, self.on_poll
+        self._on_poll_expire, self._on_polled = self.on_poll_expire, self.on_polled
         # The target's concurrency limit, as the server middleware keeps it: the core Limiter.
         self.limiter = (Limiter(policy.concurrency) if policy.concurrency is not None
                         and policy.propagate and not world.contention else None)
@@ -215,7 +248,8 @@ class Sim:
     def _close_unfinished(self) -> None:
         """Questions a horizon cut off: count their arrivals so far and call them unfinished."""
         seen: set[int] = set()
-        for item in [*self.engine.pending(), *self.queue]:
+        for event in [*self.engine.pending(), *self.queue]:
+            item = event.child if isinstance(event, Poll) else event
             if isinstance(item, Call) and item.asked.live > 0 and id(item.asked) not in seen:
                 seen.add(id(item.asked))
                 self.stats.close(item.asked)
@@ -269,6 +303,8 @@ class Sim:
             tab, path = self._receive(c, now)
             if self._join and self._joined(c.layer.name, c, tab.left, now):
                 return
+            if c.asks:
+                self._accept(c, now)
             self._serve(c, tab, path, now)
         else:  # no question came: this hop's own tab, which only its attempt limit can exhaust
             self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (),
@@ -323,9 +359,9 @@ class Sim:
         assert layer is not None
         child = Call(c.asked, layer.nxt, c)
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
-        # own, the question's deadline only.
+        # own, the question's deadline only (a transport's timeout it keeps).
         rejoins = self._rejoins(c)
-        timeout = None if rejoins else self._timeout
+        timeout = None if rejoins and self._lifted else self._timeout
         delay = None if self.hedging is None else self.hedging.plan(c, act.number, now)
         if self._propagate:
             child.budget = c.state.forward()
@@ -337,6 +373,9 @@ class Sim:
             child.remaining = c.state.given(rem, self.policy.grace, now, rejoins)
             child.path = (*c.path, act.hop)
             child.rejoin = c.state.rejoin
+            # A re-attach is never answered 202 (the callee joins it to the run, or refuses it).
+            child.asks = self._async and rejoins and not child.rejoin
+            child.patience = self._timeout
         c.out = child
         c.sent = now
         c.asked.live += 1
@@ -400,6 +439,8 @@ class Sim:
     def on_timeout(self, child: Call) -> None:
         c = child.parent
         assert c is not None
+        if child.accepted:  # answered 202: the polls have their own bounds
+            return
         lost = _REJOINABLE if self._rejoins(c) else _TIMED_OUT
         if self.hedging is not None and self.hedging.outcome(c, child, lost, self.engine.now):
             return
@@ -423,10 +464,14 @@ class Sim:
             return True
         if run is None:
             self._runs[key] = Run(c, budget)
-            return False
+            return False  # serve it (asked async: answered 202 first, by the caller of this)
         c.budget = budget
         if run.done:
             self._answer_waiter(run, c, now)
+        elif c.asks:  # 202: its caller polls the run in flight
+            self._accept(c, now)
+            if c.layer is not None:  # (a target's job had no more arrivals in it already)
+                self._gone(c.asked)
         else:
             run.waiters.append(c)
         return True
@@ -445,7 +490,17 @@ class Sim:
             self._finish(c, ok, reply, now)
             return
         c.ok, c.reply = ok, reply
-        self.engine.at(now + self.world.latency, self._on_reply, c)
+        self._reply(c, now)
+
+    def _reply(self, c: Call, now: float) -> None:
+        """Send ``c``'s answer to its caller, or, answered 202 before, to the polls of its run."""
+        if not c.accepted:
+            self.engine.at(now + self._latency, self._on_reply, c)
+
+    def _gone(self, q: Asked) -> None:
+        q.live -= 1
+        if q.live == 0:
+            self.stats.close(q)
 
     def _ran(self, hop: str, c: Call, now: float) -> None:
         """``c`` answered: its waiters get the answer; a good one is kept for later arrivals."""
@@ -459,6 +514,88 @@ class Sim:
         waiters, run.waiters = run.waiters, []
         for waiter in waiters:
             self._answer_waiter(run, waiter, now)
+        polls, run.polls = run.polls, []
+        for poll in polls:
+            if not poll.status:  # held: the answer, the run's as it is (no waiter's correction)
+                self._polled(poll, 200, run, now)
+
+    # --- async mode: 202 and status polls --------------------------------------------------------
+
+    def _accept(self, c: Call, now: float) -> None:
+        """``c`` asked respond-async of a callee that joins: answered 202 now."""
+        c.accepted = True
+        self.engine.at(now + self._latency, self._on_accepted, c)
+
+    def on_accepted(self, child: Call) -> None:
+        c = child.parent
+        if c is not None and c.out is child:
+            self._poll(child, self.engine.now)
+
+    def _poll(self, child: Call, now: float) -> None:
+        """The caller of an accepted try polls its status location, or, with no time left to,
+        ends the try as lost (fail closed: the run may do the work)."""
+        c = child.parent
+        assert c is not None
+        wait = MAX_LONG_POLL
+        if child.patience is not None and child.patience < wait:
+            wait = child.patience
+        deadline = c.tab.deadline
+        if deadline is not None and deadline - now < wait:
+            wait = deadline - now
+        wait -= POLL_MARGIN
+        if wait <= 0:
+            c.out = None
+            self._drive(c, _TIMED_OUT, now)
+            return
+        self.stats.polls += 1
+        c.asked.polls += 1
+        self.engine.at(now + self._latency, self._on_poll, Poll(child, wait))
+
+    def on_poll(self, poll: Poll) -> None:
+        """A poll at the callee: the run's kept answer, held until it answers (or ``wait``), or
+        404 (no run there: never asked, or it failed)."""
+        now, child = self.engine.now, poll.child
+        hop = "target" if child.layer is None else child.layer.name
+        run = self._runs.get((hop, child.asked.key))
+        if run is None:
+            self._polled(poll, 404, None, now)
+        elif run.done:
+            self._polled(poll, 200, run, now)
+        else:
+            poll.run = run
+            run.polls.append(poll)
+            self.engine.at(now + poll.wait, self._on_poll_expire, poll)
+
+    def on_poll_expire(self, poll: Poll) -> None:
+        if not poll.status:
+            run = poll.run
+            if run is not None and poll in run.polls:
+                run.polls.remove(poll)
+            self._polled(poll, 202, None, self.engine.now)
+
+    def _polled(self, poll: Poll, status: int, run: Run | None, now: float) -> None:
+        poll.status = status
+        if run is not None:
+            poll.ok, poll.reply = run.call.ok, run.call.reply
+        self.engine.at(now + self._latency, self._on_polled, poll)
+
+    def on_polled(self, poll: Poll) -> None:
+        """The poll's answer at the caller: poll again (202), fail closed (404), or the try's
+        answer, read as if the first request had returned it."""
+        child, now = poll.child, self.engine.now
+        c = child.parent
+        assert c is not None
+        if c.out is not child:  # the caller stopped waiting (cut at its deadline)
+            return
+        if poll.status == 202:
+            self._poll(child, now)
+            return
+        c.out = None
+        if poll.status == 404:
+            self._drive(c, _TIMED_OUT, now)
+            return
+        child.ok, child.reply = poll.ok, poll.reply
+        self._drive(c, self._tried(child), now)
 
     def _finish(self, c: Call, ok: bool, reply: Reply, now: float) -> None:
         c.ok, c.reply = ok, reply
@@ -468,10 +605,8 @@ class Sim:
         if c.parent is None:
             self.stats.answer(q, ok, now)
         else:
-            self.engine.at(now + self._latency, self._on_reply, c)
-        q.live -= 1
-        if q.live == 0:
-            self.stats.close(q)
+            self._reply(c, now)
+        self._gone(q)
 
     # --- the target -------------------------------------------------------------------------------
 
@@ -510,6 +645,8 @@ class Sim:
                     self._ran("target", job, now)
                 return
             job.arrived = now
+        if job.asks:  # admitted to run, asked async: 202 now, the work goes on
+            self._accept(job, now)
         if self.world.contention:
             if now < self.free_at:  # optimistic concurrency: a conflict is known at once
                 self._target_answer(job, False, False, now)
@@ -586,7 +723,7 @@ class Sim:
             self.stats.wasted += work
         if job.reply is not None:  # cancelled at its deadline
             self.stats.shed += 1
-            self.engine.at(now + self.world.latency, self._on_reply, job)
+            self._reply(job, now)
             if self._join:
                 self._ran("target", job, now)
         else:
@@ -605,6 +742,6 @@ class Sim:
             job.reply = Reply(job.budget, True, "deadline")
         else:
             job.reply = Reply(job.budget) if self.policy.propagate else None
-        self.engine.at(now + self.world.latency, self._on_reply, job)
+        self._reply(job, now)
         if self._join:
             self._ran("target", job, now)

@@ -81,6 +81,14 @@ COLUMNS: dict[str, list[Column]] = {
         ("p50 ms", 7, lambda r: _int(r.latency_p50_ms)),
         ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
     ],
+    "stuck": [
+        ("work", 5, lambda r: f"{r.params['slow_time']:g}s"),
+        _POLICY, _SUCCESS, *_A, _LOAD,
+        ("work/q", 7, lambda r: _num(r.work_s / r.questions if r.questions else None, ".2f")),
+        ("polls/q", 8, lambda r: _num(r.polls / r.questions if r.questions else None, ".2f")),
+        ("max", 4, lambda r: str(r.poll_max)),
+        ("p99 ms", 7, lambda r: _int(r.latency_p99_ms)),
+    ],
     "jitter": [
         _POLICY,
         ("calls", 7, lambda r: str(r.arrivals)),
@@ -100,6 +108,8 @@ TITLES = {
                 "(per asked: goodput per question asked); in cut = goodput during the cut / what "
                 "the reduced capacity could answer",
     "slow": "E11 a slow tail longer than every timeout: success, A, and the target's work wasted",
+    "stuck": "E13 a target slower than every layer's timeout: success, A, load = arrivals per "
+             "question asked, the target's work (s) and status polls (all hops) per question",
     "jitter": "E6 synchronised retries: calls and time until every client has written",
     "tail": "E12 a latency tail (2 % of arrivals take 20x the median): latency of successes, A, "
             "load = arrivals per question asked",

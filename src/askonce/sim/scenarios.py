@@ -19,6 +19,10 @@ Each sweep runs every policy in a :class:`~askonce.sim.model.World` and turns th
   nearest the target (depth 1).
 * ``askonce-hedge`` - askonce, and the layer nearest the target hedges slow first tries
   (``Knobs.hedge``, the library's default ``HedgePolicy``: ``ClientPolicy.hedge``).
+* ``askonce-join`` - askonce, and every layer and the target join a repeated question; every
+  layer, the client too, re-attaches a timed-out try (``ClientPolicy.rejoin``).
+* ``askonce-async`` - askonce-join, and every layer asks ``Prefer: respond-async``: a callee that
+  joins answers 202 at once and the layer polls for the answer (``ClientPolicy.respond_async``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from askonce.sim.world import Policy, Stats, World
 
 POLICIES = ("no-retry", "naive", "bucket", "breaker", "askonce")
 JITTER_POLICIES = ("no-jitter", "full-jitter")
+EXTRA_POLICIES = ("askonce-join", "askonce-async", "askonce-hedge")
 BASELINE_BUCKET = BucketPolicy(ratio=0.1, floor=1.0, max_tokens=10.0)
 FOREVER = 1e12  # an outage that outlasts any run
 # The breaker of the ``breaker`` baseline and of ``--askonce-breaker``: a classic one that opens at
@@ -70,6 +75,7 @@ class Knobs:
     concurrency: ConcurrencyPolicy | None = field(default_factory=ConcurrencyPolicy)
     # askonce-hedge: the hedging of the layer nearest the target
     hedge: HedgePolicy = field(default_factory=HedgePolicy)
+    respond_async: bool = False  # askonce (with join): every layer asks respond-async
 
 
 def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
@@ -86,15 +92,17 @@ def preset(name: str, knobs: Knobs = Knobs()) -> Policy:
         return Policy(name, attempts=k.attempts, backoff=k.backoff, bucket=k.baseline_bucket)
     if name == "breaker":
         return Policy(name, attempts=k.attempts, backoff=k.backoff, breaker=k.breaker)
-    if name in ("askonce", "askonce-join", "askonce-hedge"):
+    if name in ("askonce", "askonce-join", "askonce-async", "askonce-hedge"):
+        joins = name in ("askonce-join", "askonce-async")
         return Policy(name, attempts=k.attempts, propagate=True, budget=k.budget, backoff=k.backoff,
                       bucket=k.bucket, breaker=k.breaker if k.askonce_breaker else None,
                       breaker_everywhere=False, admission=k.admission, shared=k.shared, shed=True,
-                      grace=k.grace, join=k.join or name == "askonce-join",
-                      edge_rejoins=name == "askonce-join", concurrency=k.concurrency,
-                      hedge=k.hedge if name == "askonce-hedge" else None)
+                      grace=k.grace, join=k.join or joins, edge_rejoins=joins,
+                      concurrency=k.concurrency,
+                      hedge=k.hedge if name == "askonce-hedge" else None,
+                      respond_async=k.respond_async or name == "askonce-async")
     raise ValueError(f"unknown policy {name!r}; known: "
-                     f"{', '.join((*POLICIES, *JITTER_POLICIES[:2], 'askonce-hedge'))}")
+                     f"{', '.join((*POLICIES, *JITTER_POLICIES[:2], *EXTRA_POLICIES))}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +138,9 @@ class Row:
     # overload: successes during the cut over what the reduced capacity could answer in it
     cut_goodput: float | None = None
     recovery_asked_s: float | None = None  # recovery_s of goodput per question asked (None: never)
+    work_s: float = 0.0  # the target's busy seconds
+    polls: int = 0  # status polls of async tries (respond_async), at every hop
+    poll_max: int = 0  # the most polls of one question
     wall_s: float = field(default=0.0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +159,7 @@ class Row:
             "unfinished": self.unfinished, "events": self.events,
             "goodput_per_s": list(self.goodput), "cut_goodput": self.cut_goodput,
             "recovery_asked_s": self.recovery_asked_s,
+            "work_s": self.work_s, "polls": {"total": self.polls, "max": self.poll_max},
             "wall_s": self.wall_s,
         }  # fmt: skip
 
@@ -234,8 +246,8 @@ def summarise(scenario: str, policy: str, params: Mapping[str, Any], sim: Sim, w
         recovery_s=rec, recovered=recovered, completion_s=st.last_ok if st.ok else None,
         ledger_amplification=totals.amplification, ledger_approximate=totals.approximate,
         unfinished=st.unfinished, events=sim.engine.events, goodput=series if goodput else (),
-        cut_goodput=cut_goodput, recovery_asked_s=rec_asked,
-        wall_s=round(wall, 3),
+        cut_goodput=cut_goodput, recovery_asked_s=rec_asked, work_s=round(st.busy, 6),
+        polls=st.polls, poll_max=st.poll_max, wall_s=round(wall, 3),
     )  # fmt: skip
 
 
@@ -395,9 +407,37 @@ def tail(*, depths: Sequence[int] = (1, 3), policies: Sequence[str] = (
     return rows
 
 
+def stuck(*, slow_times: Sequence[float] = (3.0, 5.0), policies: Sequence[str] = (
+        "no-retry", "naive", "askonce", "askonce-join", "askonce-async"), seed: int = 1,
+        depth: int = 3, clients: int = 100, rate: float = 100.0, duration: float = 10.0,
+        timeout: float = 1.0, deadline: float = 10.0, transport: bool = True,
+        knobs: Knobs = Knobs(budget=3), progress: Progress | None = None) -> list[Row]:
+    """E13: a target slower than every layer's timeout: every arrival's work takes ``slow_time``,
+    longer than the per-attempt ``timeout`` of every layer, shorter than the question's
+    ``deadline``. ``transport``: the timeout is the HTTP client's own (``World.transport_timeout``),
+    which a layer keeps toward a callee that joins too; ``askonce-join`` then re-attaches every
+    ``timeout`` seconds, one retry of the budget each, and answers only while ``timeout`` x
+    (1 + budget) covers the work; ``askonce-async`` polls instead, which costs no budget.
+    ``transport=False``: ``ClientPolicy.attempt_timeout``, which a layer lifts toward a joiner,
+    so ``askonce-join`` waits. The target has no concurrency limit (as E11)."""
+    if knobs.concurrency == Knobs().concurrency:
+        knobs = dataclasses.replace(knobs, concurrency=None)
+    rows: list[Row] = []
+    for slow_time in slow_times:
+        world = World(depth=depth, clients=clients, rate=rate, duration=duration,
+                      deadline=deadline, timeout=timeout, transport_timeout=transport,
+                      service=slow_time, settle=0.0)
+        for name in policies:
+            _emit(rows, run_one("stuck", name, world, knobs, seed,
+                                {"slow_time": slow_time, "timeout": timeout, "depth": depth,
+                                 "transport": transport}), progress)
+    return rows
+
+
 SCENARIOS: dict[str, Callable[..., list[Row]]] = {
     "depth": depth, "transient": transient, "clients": clients, "overload": overload,
     "slow": slow,
     "jitter": jitter,
     "tail": tail,
+    "stuck": stuck,
 }

@@ -40,6 +40,10 @@ class Policy:
     edge_rejoins: bool = False  # with join: layer 1 (the client) re-attaches too
     # with propagate: the layer nearest the target hedges slow first tries (ClientPolicy.hedge)
     hedge: HedgePolicy | None = None
+    # with join: every layer that rejoins asks ``Prefer: respond-async``
+    # (ClientPolicy.respond_async) and polls the callee's status location instead of waiting on,
+    # or timing out of, the try
+    respond_async: bool = False
 
     def __post_init__(self) -> None:
         if not valid_name(self.name):
@@ -54,6 +58,10 @@ class Policy:
                                            and self.propagate):
             raise ValueError(f"hedge must be a HedgePolicy, with propagate=True, "
                              f"got {self.hedge!r}")
+        if self.respond_async is not False and not (self.respond_async is True and self.join
+                                                    and self.propagate and self.hedge is None):
+            raise ValueError(f"respond_async must be True or False, True only with join=True, "
+                             f"propagate=True and no hedge, got {self.respond_async!r}")
 
 
 # Per run (rate x duration): beyond it a run takes hours and memory without end.
@@ -71,6 +79,9 @@ class World:
     even: bool = False  # evenly spaced questions, round-robin over clients, not a Poisson stream
     deadline: float = 3.0  # the question's deadline; success is counted only within it
     timeout: float | None = None  # per-attempt timeout at every layer
+    # the timeout is the HTTP client's own (httpx's timeout=), which a layer keeps toward a callee
+    # that joins too; False: ClientPolicy.attempt_timeout, which it lifts there (rejoin)
+    transport_timeout: bool = False
     latency: float = 0.001  # one-way delay of every hop
     service: float = 0.01  # the target's work per arrival
     slow_share: float = 0.0  # each arrival's work takes slow_time instead, with this probability
@@ -125,20 +136,23 @@ class Question(Protocol):
     born: float
     due: float
     arrivals: int
+    polls: int
 
 
 class Stats:
     """Raw counts of one run; ``scenarios.summarise`` turns them into figures."""
 
     __slots__ = ("answered", "arrival_bins", "arrivals", "bin", "busy", "goodput_bins", "hist",
-                 "issued", "issued_bins", "last_ok", "latency_ms", "ok", "overloaded", "settle",
-                 "shed", "steady", "trace", "unfinished", "wasted")  # fmt: skip
+                 "issued", "issued_bins", "last_ok", "latency_ms", "ok", "overloaded", "poll_max",
+                 "polls", "settle", "shed", "steady", "trace", "unfinished", "wasted")  # fmt: skip
 
     def __init__(self, world: World) -> None:
         self.bin = world.bin
         self.settle = world.settle
         self.issued = self.answered = self.ok = self.arrivals = self.shed = self.unfinished = 0
         self.overloaded = 0  # arrivals the target's concurrency limit refused
+        # Status polls of an async try (respond_async): never arrivals of the question.
+        self.polls = self.poll_max = 0
         self.last_ok = 0.0  # when the last success within the deadline came back
         # Seconds of target work, and of work for callers who had gone.
         self.busy = self.wasted = 0.0
@@ -176,6 +190,8 @@ class Stats:
 
     def close(self, q: Question) -> None:
         n = q.arrivals
+        if q.polls > self.poll_max:
+            self.poll_max = q.polls
         self.hist[n] = self.hist.get(n, 0) + 1
         if self.trace is not None:
             self.trace.append((q.born, n))
