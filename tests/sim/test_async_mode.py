@@ -13,7 +13,6 @@ from askonce.sim.model import POLL_MARGIN, Sim
 from askonce.sim.scenarios import Knobs, preset, stuck
 from askonce.sim.world import Policy, World
 
-
 # Only the budget limits retries: tries for all of it, no admission, a bucket that never runs dry.
 FREE = Knobs(attempts=4, budget=3, concurrency=None, admission=None,
              bucket=BucketPolicy(ratio=1.0, floor=1000.0, max_tokens=1000.0))
