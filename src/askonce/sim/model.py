@@ -15,10 +15,12 @@ header still reaches the target, so the ledger can count their arrivals per ques
 
 Async mode (``Policy.respond_async``): a layer that rejoins asks its callee ``Prefer:
 respond-async``; a callee that joins answers 202 at once (the run, or the wait for the run in
-flight, goes on there) and the layer long-polls the status location (``Poll``), each poll held up
-to the layer's per-attempt timeout (at most ``MAX_LONG_POLL``) less ``POLL_MARGIN``, until the
-run's answer, a 404 (no run there, or a failed one: fail closed) or its deadline. Polls are
-counted (``Stats.polls``), never as arrivals; they spend no budget.
+flight, goes on there) and the layer polls the status location (``Poll``) as the client does
+(``askonce.client.asyncmode``): each poll asks to be held the whole seconds of min(the question's
+time left, the layer's per-attempt timeout, ``MAX_LONG_POLL``) less ``POLL_MARGIN``; one held for
+none is answered at once and the next follows ``POLL_GAP`` after it was sent; until the run's
+answer, a 404 (no run there, or a failed one: fail closed) or the deadline. Polls are counted
+(``Stats.polls``), never as arrivals; they spend no budget.
 
 Headers are not serialised on the hot path, to keep each simulated hop cheap; the fast path
 applies the wire's own millisecond rounding and the receiver's ``Limits``, and ``wire_text=True``
@@ -67,8 +69,9 @@ _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failu
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
 _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
-MAX_LONG_POLL = 30.0  # seconds a status poll may be held (integrations._join_async)
-POLL_MARGIN = 0.05  # a poll asks to be held this much less than its caller would wait for it
+MAX_LONG_POLL = 30  # whole seconds a status poll may ask to be held (``Prefer: wait=N``)
+POLL_MARGIN = 0.2  # a poll asks to be held this much less than its caller would wait for it
+POLL_GAP = 1.0  # seconds between polls answered at once (the callee's ``Retry-After: 1``)
 
 
 class Asked:
@@ -137,11 +140,12 @@ class Poll:
     """One long-poll of an async try's status location: held at the callee up to ``wait``
     seconds; ``status`` what it came back with (200 the run's answer, 202 not yet, 404 none)."""
 
-    __slots__ = ("child", "ok", "reply", "run", "status", "wait")
+    __slots__ = ("child", "ok", "reply", "run", "sent", "status", "wait")
 
-    def __init__(self, child: Call, wait: float) -> None:
+    def __init__(self, child: Call, wait: float, sent: float) -> None:
         self.child = child  # the try whose caller polls
-        self.wait = wait
+        self.wait = wait  # 0: answered at once
+        self.sent = sent
         self.run: Run | None = None  # where it is held
         self.status = 0  # 0: not answered yet
         self.ok = False
@@ -204,6 +208,7 @@ class Sim:
         self._lifted = not world.transport_timeout  # a layer lifts its timeout toward a joiner
         self._on_accepted, self._on_poll = self.on_accepted, self.on_poll
         self._on_poll_expire, self._on_polled = self.on_poll_expire, self.on_polled
+        self._on_poll_gap = self.on_poll_gap
         # The target's concurrency limit, as the server middleware keeps it: the core Limiter.
         self.limiter = (Limiter(policy.concurrency) if policy.concurrency is not None
                         and policy.propagate and not world.contention else None)
@@ -536,20 +541,25 @@ class Sim:
         ends the try as lost (fail closed: the run may do the work)."""
         c = child.parent
         assert c is not None
-        wait = MAX_LONG_POLL
-        if child.patience is not None and child.patience < wait:
-            wait = child.patience
         deadline = c.tab.deadline
-        if deadline is not None and deadline - now < wait:
-            wait = deadline - now
-        wait -= POLL_MARGIN
-        if wait <= 0:
-            c.out = None
-            self._drive(c, _TIMED_OUT, now)
-            return
+        window = float(MAX_LONG_POLL) + POLL_MARGIN
+        if child.patience is not None and child.patience < window:
+            window = child.patience
+        if deadline is not None:
+            if deadline - now <= POLL_MARGIN / 4:
+                c.out = None
+                self._drive(c, _TIMED_OUT, now)
+                return
+            window = min(window, deadline - now)
         self.stats.polls += 1
         c.asked.polls += 1
-        self.engine.at(now + self._latency, self._on_poll, Poll(child, wait))
+        hold = int(window - POLL_MARGIN) if window > POLL_MARGIN else 0
+        self.engine.at(now + self._latency, self._on_poll, Poll(child, float(hold), now))
+
+    def on_poll_gap(self, child: Call) -> None:
+        c = child.parent
+        if c is not None and c.out is child:
+            self._poll(child, self.engine.now)
 
     def on_poll(self, poll: Poll) -> None:
         """A poll at the callee: the run's kept answer, held until it answers (or ``wait``), or
@@ -561,6 +571,8 @@ class Sim:
             self._polled(poll, 404, None, now)
         elif run.done:
             self._polled(poll, 200, run, now)
+        elif poll.wait <= 0:
+            self._polled(poll, 202, None, now)
         else:
             poll.run = run
             run.polls.append(poll)
@@ -587,8 +599,12 @@ class Sim:
         assert c is not None
         if c.out is not child:  # the caller stopped waiting (cut at its deadline)
             return
-        if poll.status == 202:
-            self._poll(child, now)
+        if poll.status == 202:  # held to its end: again at once; else after the gap
+            after = POLL_GAP - (now - poll.sent)
+            if after > 0:
+                self.engine.at(now + after, self._on_poll_gap, child)
+            else:
+                self._poll(child, now)
             return
         c.out = None
         if poll.status == 404:
