@@ -148,7 +148,7 @@ def test_the_capacity_schedule(t: float, factor: float) -> None:
 def test_scenario_parameters_hold_together() -> None:
     for quick in (False, True):
         s = scenarios(quick)
-        assert list(s) == ["outage", "transient", "slow", "tail", "overload"]
+        assert list(s) == ["outage", "transient", "slow", "tail", "overload", "stuck"]
         o = s["overload"]
         assert o.trigger is not None and o.trigger.factor == 0.2
         assert o.rate == pytest.approx(0.8 * o.target.slots / o.target.service_time)  # load 0.8 of capacity
@@ -158,6 +158,10 @@ def test_scenario_parameters_hold_together() -> None:
         t = s["tail"]  # 2 % take 20x the median, no timeout that short, a target that does not join
         assert t.target.slow_time == 20 * t.target.service_time and t.target.slow_share == 0.02
         assert t.target.slow_time < min(t.layer_timeout, t.deadline) and t.hedge and not t.join
+        k = s["stuck"]  # every call outlasts every layer's timeout, not the deadline; async mode
+        assert k.target.failure == "none" and k.layer_timeout < k.target.service_time < k.deadline
+        assert k.respond_async and k.join and k.policies == ("no-retry", "naive", "askonce")
+    assert not scenarios(join=False)["stuck"].respond_async  # async mode is a joining callee's
     assert scenarios()["overload"].trigger.length == 10.0  # type: ignore[union-attr]
 
 
@@ -167,7 +171,8 @@ def test_every_run_has_the_one_stack_to_itself() -> None:
         (plan,) = lanes(scenarios(quick))
         assert [(s.name, p) for s, p in plan] == [
             *((n, p) for n in ("outage", "transient", "slow", "tail") for p in ("naive", "askonce")),
-            ("overload", "no-retry"), ("overload", "askonce"), ("overload", "naive")]
+            ("overload", "no-retry"), ("overload", "askonce"), ("overload", "naive"),
+            ("stuck", "no-retry"), ("stuck", "naive"), ("stuck", "askonce")]
 
 
 def test_settings_from_json_refuse_what_they_do_not_know() -> None:
@@ -234,6 +239,24 @@ def test_goals_are_judged_from_the_rows() -> None:
     rows[7] = {**rows[7], "cut_goodput": 0.85}
     assert [g["met"] for g in measure.goals(rows)] == [True, False, False, False, False, False,
                                                        False, True]
+
+
+def test_the_stuck_goal_holds_askonce_to_one_call_of_work_per_question() -> None:
+    def row(policy: str, success: float, work: float, mx: int, questions: int = 24) -> dict[str, Any]:
+        return {"scenario": "stuck", "policy": policy, "questions": questions, "success_rate": success,
+                "arrivals_per_question": {"mean": 1.0, "p99": mx, "max": mx}, "recovery_s": None,
+                "target_work_s": work, "call_s": 3.0, "budget": 3}
+
+    def met(*rows: dict[str, Any]) -> bool | None:
+        (goal,) = [g for g in measure.goals(list(rows)) if g["goal"].startswith("stuck")]
+        return goal["met"]
+
+    naive = row("naive", 0.0, 24 * 27 * 3.0, 27)
+    assert met(naive, row("askonce", 1.0, 24 * 3.0 * 1.04, 1)) is True
+    assert met(naive, row("askonce", 1.0, 24 * 3.0 * 1.06, 1)) is False  # the work done twice for some
+    assert met(naive, row("askonce", 1.0, 24 * 3.0, 5)) is False  # over 1 + budget arrivals
+    assert met(row("naive", 0.5, 24 * 9.0, 3), row("askonce", 0.4, 24 * 3.0, 1)) is False  # fewer answered
+    assert met(naive, {**row("askonce", 1.0, 24 * 3.0, 1), "call_s": None}) is False  # no call time: no verdict
 
 
 def test_the_sweep_is_the_transient_scenario_at_each_rate() -> None:
@@ -308,8 +331,10 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)  # stdout holds the JSON and nothing else
     rows = {(r["scenario"], r["policy"]): r for r in doc["scenarios"]}
-    assert set(rows) == {(s, p) for s in ("outage", "transient", "slow", "tail")
-                         for p in ("naive", "askonce")} | {("overload", p) for p in ("no-retry", "naive", "askonce")}
+    # The stuck scenario needs the clients' async mode (ClientPolicy.respond_async), else it is not run.
+    stuck = {("stuck", p) for p in ("no-retry", "naive", "askonce")} if params.async_clients() else set()
+    assert set(rows) == ({(s, p) for s in ("outage", "transient", "slow", "tail") for p in ("naive", "askonce")}
+                         | {("overload", p) for p in ("no-retry", "naive", "askonce")} | stuck)
     for r in doc["scenarios"]:
         assert isinstance(r["questions"], int) and r["questions"] > 0
         assert set(r["arrivals_per_question"]) >= {"mean", "p99", "max"}

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("outage", "transient", "slow", "tail", "overload")
+SCENARIOS = ("outage", "transient", "slow", "tail", "overload", "stuck")
 # askonce.demo.params.DEMO_BUDGET, kept here so that `askonce --help` imports no demo module.
 DEMO_BUDGET = 3
 QUESTIONS, DEPTH = 1000, 3  # --in-process

@@ -67,6 +67,7 @@ class EdgePlan:
     seed: int = 1
     stop_at: float | None = None  # seconds: questions still open then are abandoned (not answered)
     store: Any = None  # askonce: where the edge's buckets live (None: a fresh in-memory store)
+    respond_async: bool = False  # askonce: ask respond-async (ClientPolicy.respond_async)
 
 
 def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:

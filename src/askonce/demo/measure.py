@@ -262,6 +262,22 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             and mine * 5 <= theirs and mean <= 1.05,
             f"p99 askonce {fmt(mine, '.0f')} ms, naive {fmt(theirs, '.0f')} ms; "
             f"askonce {fmt(mean)} arrivals per question", "askonce", "naive")
+    naive, ask = by.get(("stuck", "naive")), by.get(("stuck", "askonce"))
+    if naive is not None and ask is not None:
+        mine, theirs = ask["success_rate"], naive["success_rate"]
+        a, call = ask["arrivals_per_question"], ask.get("call_s")
+        work = (None if call is None or not call or not ask["questions"]
+                or ask["target_work_s"] is None
+                else ask["target_work_s"] / ask["questions"] / call)
+        bound = 1 + ask.get("budget", 2)
+        add("stuck: askonce answers at least what naive does, the target's work at most 1.05 "
+            "calls per question, within 1 + budget arrivals",
+            mine is not None and theirs is not None and mine >= theirs and work is not None
+            and work <= 1.05 and a["max"] is not None and a["max"] <= bound,
+            f"askonce {fmt(100 * mine if mine is not None else None, '.1f')}%, "
+            f"naive {fmt(100 * theirs if theirs is not None else None, '.1f')}%; "
+            f"askonce's work {fmt(work, '.3f')} calls per question, max {a['max']} arrivals "
+            f"(1 + budget: {bound})", "askonce", "naive")
     naive, ask, none = (by.get(("overload", p)) for p in ("naive", "askonce", "no-retry"))
 
     def when(row: dict[str, Any] | None) -> str:

@@ -19,7 +19,7 @@ from askonce.core.question import mint_key
 
 Mode = Literal["naive", "askonce"]
 POLICIES = ("no-retry", "naive", "askonce")
-SCENARIOS = ("outage", "transient", "slow", "tail", "overload")
+SCENARIOS = ("outage", "transient", "slow", "tail", "overload", "stuck")
 FAILURES = ("none", "outage", "transient", "slow")
 # httpx's own default: the middle layers' per-attempt timeout unless a scenario says otherwise.
 DEFAULT_TIMEOUT = 5.0
@@ -70,7 +70,8 @@ class LayerSettings:
     (``backoff_base`` doubling, capped at ``backoff_cap``), retrying connection errors, timeouts and
     502/503/504, each try limited to ``timeout`` seconds, forwarding only ``x-question-id``.
     ``askonce``: the askonce client (same attempts, backoff and per-attempt timeout) under the
-    askonce server middleware; ``breaker`` puts a circuit breaker on the calls to the next layer.
+    askonce server middleware; ``breaker`` puts a circuit breaker on the calls to the next layer;
+    ``respond_async``: each try asks ``Prefer: respond-async`` (``ClientPolicy.respond_async``).
     """
 
     mode: Mode = "naive"
@@ -86,11 +87,14 @@ class LayerSettings:
     prefix: str = "askonce-demo"
     join: bool = True
     hedge: bool = False
+    respond_async: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in ("naive", "askonce"), "mode must be 'naive' or 'askonce'", self.mode)
         _check(type(self.join) is bool, "join must be true or false", self.join)
         _check(type(self.hedge) is bool, "hedge must be true or false", self.hedge)
+        _check(type(self.respond_async) is bool, "respond_async must be true or false",
+               self.respond_async)
         _check(isinstance(self.downstream, str), "downstream must be a URL", self.downstream)
         _check(_number(self.grace) and 0 <= self.grace <= 10, "grace must be seconds within 0..10",
                self.grace)
@@ -246,17 +250,19 @@ class Scenario:
     join: bool = True  # askonce layers and the target join repeated arrivals of a question
     breaker: bool = False  # askonce: DEMO_BREAKER on the layer nearest the target (--breaker)
     hedge: bool = False  # askonce: the layer nearest the target hedges (ClientPolicy.hedge)
+    # askonce: the edge and every layer ask respond-async (ClientPolicy.respond_async), with join
+    respond_async: bool = False
     note: str = ""
 
 
 def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
               grace: float = DEMO_GRACE, join: bool = True, breaker: bool = False,
               error_rates: tuple[float, ...] = ()) -> dict[str, Scenario]:
-    """The four scenarios with their parameters; ``quick`` shortens every one (fewer questions).
+    """The six scenarios with their parameters; ``quick`` shortens every one (fewer questions).
 
     ``budget``: the retries each askonce question may cost in all (minted at the edge).
     ``error_rates``: the transient scenario's sweep, one scenario ``transient-<percent>`` per rate
-    (no-retry, naive and askonce; 1,000 questions each, 180 with ``quick``), after the four.
+    (no-retry, naive and askonce; 1,000 questions each, 180 with ``quick``), after the six.
     """
     if type(budget) is not int or not 0 <= budget <= 10:
         raise ValueError(f"budget must be an integer within 0..10, got {budget!r}")
@@ -297,6 +303,15 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             trigger=Trigger(before, cut, 0.2), window=1.0 if q else 5.0,
             note=f"8 workers x 100 ms = 80/s; open load 64/s; capacity cut to 20% for {cut:g} s; "
                  "3 s deadline, 1 s per attempt"),
+        "stuck": Scenario(
+            # A few dozen questions: naive layers send 27 arrivals of 3 s each per question, which
+            # the target's workers (enough for all of them) and the api's threads still hold.
+            "stuck", rate=8.0, duration=1.5 if q else 3.0, layer_timeout=1.0, deadline=10.0,
+            edge_timeout=10.0,
+            target=TargetSettings(service_time=3.0, slots=1000, seed=seed),
+            policies=("no-retry", "naive", "askonce"), respond_async=True,
+            note="every arrival takes 3 s; every layer's per-attempt timeout is 1 s; 10 s "
+                 "deadline; askonce: every layer asks respond-async and polls for the answer"),
     }
     for rate in error_rates:
         if not (_number(rate) and 0 <= rate <= 1):
@@ -310,8 +325,18 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
         raise ValueError(f"grace must be seconds within 0..10, got {grace!r}")
     # The tail's target does not join: a hedge to a callee that joins would wait for the slow run
     # it is meant to overtake (hedging helps where the delay is on the way, or in one replica).
-    return {name: replace(s, budget=budget, grace=grace, join=join and s.join, breaker=breaker)
+    # Async mode is a joining callee's: without joins the layers wait (or time out) as before.
+    return {name: replace(s, budget=budget, grace=grace, join=join and s.join, breaker=breaker,
+                          respond_async=join and s.respond_async)
             for name, s in out.items()}
+
+
+def async_clients() -> bool:
+    """Do the askonce clients have async mode (``ClientPolicy.respond_async``)? Without it a
+    scenario that asks for it is not run (``askonce demo`` says so)."""
+    from askonce.client.policy import ClientPolicy
+
+    return "respond_async" in {f.name for f in fields(ClientPolicy)}
 
 
 def sweep_name(rate: float) -> str:

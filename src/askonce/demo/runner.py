@@ -72,6 +72,7 @@ class Runner:
                 # The layer nearest the target; every askonce layer has adaptive admission.
                 breaker=scenario.breaker and policy == "askonce" and name == "service",
                 hedge=scenario.hedge and policy == "askonce" and name == "service",
+                respond_async=scenario.respond_async and policy == "askonce",
                 seed=self.seed, redis=self.redis, prefix=self.prefix(scenario, policy),
             )  # fmt: skip
         return out
@@ -95,6 +96,7 @@ class Runner:
             timeout=scenario.edge_timeout, budget=scenario.budget, grace=scenario.grace,
             seed=self.seed, stop_at=scenario.duration if trigger is not None else None,
             store=self._edge_store(prefix, policy),
+            respond_async=scenario.respond_async and policy == "askonce",
         )  # fmt: skip
         clients = edge.clients_for(plan)
         label = f"{scenario.name} · {policy}"
@@ -145,14 +147,16 @@ class Runner:
         row["settled"] = settled
         row["budget"] = scenario.budget
         row["grace"] = scenario.grace
+        t, trigger = scenario.target, scenario.trigger
+        # The work of one call, where every call takes the same (no failures, no slow share).
+        row["call_s"] = t.service_time if t.failure == "none" and trigger is None else None
         goodput: list[int] = []
-        trigger = scenario.trigger
         if trigger is not None:
             row["recovery_s"] = measure.recovery_time(
                 asked, scenario.deadline, baseline=(min(1.0, trigger.start / 2), trigger.start),
                 trigger_end=trigger.end, horizon=scenario.duration, window=scenario.window)
             row["horizon_s"] = scenario.duration - trigger.end
-            t = scenario.target  # what the cut leaves: slots / service time, times the factor
+            # what the cut leaves: slots / service time, times the factor
             row["cut_goodput"] = None if t.service_time <= 0 else measure.cut_goodput(
                 asked, scenario.deadline, trigger.start, trigger.end,
                 t.slots / t.service_time * trigger.factor)

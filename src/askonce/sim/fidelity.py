@@ -100,7 +100,8 @@ def policy_for(scenario: Scenario, policy: str) -> Policy:
                                   askonce_breaker=scenario.breaker,
                                   backoff=Backoff(layer.backoff_base,
                                                   max(layer.backoff_cap, layer.backoff_base)),
-                                  shared=True, join=scenario.join))  # fmt: skip
+                                  shared=True, join=scenario.join,
+                                  respond_async=scenario.respond_async))  # fmt: skip
     if not chosen.propagate:
         return chosen
     # The demo's target keeps a concurrency limit only where its settings say so; its edge
@@ -308,7 +309,8 @@ def simulate(scenario: Scenario, policy: str, *, seed: int = 1, draws: Draws = "
                          f"got {repeats!r}")
     hist: dict[int, int] = {}
     latencies: dict[int, int] = {}  # whole milliseconds -> questions answered, failures too
-    issued = ok = arrivals = answered = attributable = counted = 0
+    issued = ok = arrivals = answered = attributable = counted = polls = 0
+    work = 0.0
     recovery = None
     for i in range(repeats):
         sim = DemoSim(scenario, policy, seed=seed, draws=draws, latency=latency, sim_seed=i + 1)
@@ -320,6 +322,7 @@ def simulate(scenario: Scenario, policy: str, *, seed: int = 1, draws: Draws = "
                 latencies.get(int(1000 * (ended - born)), 0) + 1)
         issued, ok, arrivals, answered = (issued + st.issued, ok + st.ok, arrivals + st.arrivals,
                                           answered + st.answered)
+        work, polls = work + st.busy, polls + st.polls
         totals = sim.ledger.report(sim.engine.now).totals()
         attributable, counted = attributable + totals.attributable, counted + totals.arrivals
         recovery = _recovery(scenario, sim) if repeats == 1 else None
@@ -333,6 +336,7 @@ def simulate(scenario: Scenario, policy: str, *, seed: int = 1, draws: Draws = "
         "success_rate": ok / issued if issued else None,
         "latency_ms": {"p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99)},
         "recovery_s": recovery, "target_arrivals": arrivals / repeats,
+        "target_work_s": work / repeats, "polls": polls / repeats,
         "unanswered": (issued - answered) / repeats,
         "simulated": {"draws": draws, "repeats": repeats, "hop_latency_s": latency},
     }  # fmt: skip
@@ -424,14 +428,26 @@ def compare(demo_json: Mapping[str, Any], predicted: Mapping[str, Any],
             n, dm, pm = (int(d["questions"]), d["arrivals_per_question"]["mean"],
                          p["arrivals_per_question"]["mean"])
             ds, ps = d["success_rate"], p["success_rate"]
+            dw, pw = (None if r.get("target_work_s") is None or not n
+                      else r["target_work_s"] / n for r in (d, p))
             out.append({
                 "scenario": p["scenario"], "policy": p["policy"], "questions": n,
                 "arrivals_mean": (dm, pm), "arrivals_error": _rel(pm, dm),
                 "arrivals_ok": within(pm, dm, n, tolerance),
                 "success_rate": (ds, ps), "success_error": _rel(ps, ds),
                 "success_ok": success_within(ps, ds, n, tolerance),
+                "work_per_question": (dw, pw), "work_error": _rel(pw, dw),
+                "work_ok": _work_within(pw, dw, tolerance),
             })  # fmt: skip
     return out
+
+
+def _work_within(sim: float | None, demo: float | None, tolerance: float) -> bool:
+    """The target's seconds of work per question agree to ``tolerance`` of the demo's (a second
+    of work has no step the size of one arrival: the tolerance alone decides)."""
+    if sim is None or demo is None:
+        return sim is None and demo is None
+    return abs(sim - demo) <= tolerance * abs(demo) + 1e-9
 
 
 def _rel(sim: float | None, demo: float | None) -> float | None:
@@ -446,14 +462,17 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         return "-" if x is None else "inf" if math.isinf(x) else format(x, spec)
 
     lines = [f"{'scenario':<10} {'policy':<9} {'questions':>9} {'A demo':>8} {'A sim':>8}"
-             f" {'diff':>7} {'success demo':>12} {'success sim':>11} {'diff':>7}  agree"]
+             f" {'diff':>7} {'success demo':>12} {'success sim':>11} {'diff':>7}  agree"
+             f"  {'work/q demo':>11} {'work/q sim':>10} {'diff':>7}"]
     for r in rows:
         (dm, pm), (ds, ps) = r["arrivals_mean"], r["success_rate"]
+        dw, pw = r.get("work_per_question", (None, None))
         lines.append(f"{r['scenario']:<10} {r['policy']:<9} {r['questions']:>9}"
                      f" {f(dm, '.3f'):>8} {f(pm, '.3f'):>8}"
                      f" {f(r['arrivals_error'], '+.1%'):>7} {f(ds, '.2%'):>12} {f(ps, '.2%'):>11}"
                      f" {f(r['success_error'], '+.1%'):>7}"
-                     f"  {'yes' if r['arrivals_ok'] and r['success_ok'] else 'NO'}")
+                     f"  {'yes' if r['arrivals_ok'] and r['success_ok'] else 'NO'}"
+                     f"  {f(dw, '.3f'):>11} {f(pw, '.3f'):>10} {f(r.get('work_error'), '+.1%'):>7}")
     return "\n".join(lines) + "\n"
 
 
