@@ -304,3 +304,25 @@ def test_an_edge_that_rejoins_is_safe_only_where_the_target_bounds_its_queue(
     assert kept["recovery_s"] is not None and rejoined["recovery_s"] is None
     assert rejoined_limited["success_rate"] > kept_limited["success_rate"]
     assert rejoined_limited["recovery_s"] is not None
+
+
+def test_the_model_of_the_stuck_scenario_answers_by_polling_with_the_work_done_once() -> None:
+    # Every call takes 3 s, every layer gives up a try after 1 s: naive layers multiply (3 x 3 x 3,
+    # the edge asking once) and answer nothing, no retries answer nothing, and askonce's layers,
+    # asking respond-async, poll for the one run of each question. Virtual time: exact.
+    stuck = params.scenarios()["stuck"]
+    call = stuck.target.service_time
+    rows = {p: fidelity.simulate(stuck, p) for p in stuck.policies}
+    n = rows["askonce"]["questions"]
+    assert n == len(fidelity.schedule(stuck, 1)) >= 20
+    assert rows["naive"]["arrivals_per_question"] == {"mean": 27.0, "p99": 27, "max": 27}
+    assert rows["naive"]["target_work_s"] == pytest.approx(27 * call * n)
+    assert rows["naive"]["success_rate"] == rows["no-retry"]["success_rate"] == 0.0
+    ask = rows["askonce"]
+    assert ask["success_rate"] == 1.0 and ask["arrivals_per_question"]["max"] == 1
+    assert ask["target_work_s"] == pytest.approx(call * n)
+    assert ask["polls"] >= 3 * call * n  # gateway, api and service poll once a second or more
+    assert all(r["polls"] == 0 for p, r in rows.items() if p != "askonce")
+    # Without async mode the same layers time out of the slow call: nothing comes back in time.
+    plain = fidelity.simulate(dataclasses.replace(stuck, respond_async=False, join=False), "askonce")
+    assert plain["success_rate"] == 0.0
