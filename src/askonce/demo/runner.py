@@ -119,9 +119,11 @@ class Runner:
             (await control.post(self.stack.url("target") + "/_demo/config",
                                 json=target.to_json())).raise_for_status()
             asked = await edge.run(plan, loop.time() + max(0.0, t0 - time.time()), on_tick, clients)
-            # Let orphaned retries arrive and running work finish, so that both are counted.
+            # Let orphaned retries arrive and running work finish, so that both are counted (a
+            # retry sent as the last answer came back may still start a call of the longest work).
             if trigger is None:
-                await self.quiet(control, QUIET_TIMEOUT)
+                t = scenario.target
+                await self.quiet(control, QUIET_TIMEOUT + max(t.service_time, t.slow_time))
             counts = (await control.get(self.stack.url("target") + "/_demo/stats",
                                         params={"full": "1"})).json()
             began = loop.time()

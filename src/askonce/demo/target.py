@@ -13,6 +13,9 @@ uvicorn app in naive mode, a request whose caller has gone is worked on to the e
 work is logged (question id, when it ended, how long), so the runner can tell which work answered
 a question and which was wasted.
 
+In askonce mode the status location of async mode (``Prefer: respond-async``,
+``integrations.asgi_join.STATUS_PATH``) goes to the askonce app too; a poll is not an arrival.
+
 Control: ``POST /_demo/config`` (settings; resets every count), ``POST /_demo/drain`` (answer every
 queued and new request 500, which no layer retries, so the stack unwinds between runs),
 ``GET /_demo/stats``.
@@ -39,7 +42,7 @@ from askonce.core.ledger import LedgerPolicy
 from askonce.demo import child
 from askonce.demo.params import TargetSettings, capacity_factor, draw, from_json
 from askonce.integrations.asgi import AskonceASGIMiddleware
-from askonce.integrations.asgi_join import JoinASGIMiddleware
+from askonce.integrations.asgi_join import STATUS_PATH, JoinASGIMiddleware
 
 BIN = 0.1  # seconds per bin of the arrivals timeline
 MAX_LOG = 500_000  # work items logged per run; beyond, work is only summed
@@ -133,6 +136,9 @@ class Target:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
+            return
+        if scope["path"].startswith(STATUS_PATH) and self.settings.mode == "askonce":
+            await self.askonce_app(scope, receive, send)  # async mode's status polls: no arrivals
             return
         if scope["path"] != "/q":
             await self.control(scope, receive, send)
