@@ -326,3 +326,35 @@ def test_the_model_of_the_stuck_scenario_answers_by_polling_with_the_work_done_o
     # Without async mode the same layers time out of the slow call: nothing comes back in time.
     plain = fidelity.simulate(dataclasses.replace(stuck, respond_async=False, join=False), "askonce")
     assert plain["success_rate"] == 0.0
+
+
+RECORDED_STUCK = Path(__file__).parent / "data" / "demo_stuck.json"
+
+
+def test_the_simulator_replays_the_stuck_demo_within_5_percent() -> None:
+    # A real demo of the stuck scenario (`python bench/bench_fidelity.py --scenarios stuck --record
+    # tests/sim/data/demo_stuck.json`): answered share, arrivals and the target's work per question,
+    # every row within 5 % (the work has no one-arrival step: 5 % alone).
+    doc: dict[str, Any] = json.loads(RECORDED_STUCK.read_text())
+    assert [(r["scenario"], r["policy"]) for r in doc["scenarios"]] == [
+        ("stuck", p) for p in ("no-retry", "naive", "askonce")]
+    assert not measure.invalid(doc["scenarios"]), "record a run the demo calls valid"
+    assert {n: fidelity.scenario_from_json(p) for n, p in doc["parameters"].items()} == {
+        "stuck": params.scenarios()["stuck"]}
+    rows = fidelity.compare(doc, predict_demo(doc))
+    assert len(rows) == 3 and all(r["work_checked"] for r in rows)
+    assert all(fidelity.agrees(r) for r in rows), "\n" + fidelity.table(rows)
+    ask = next(r for r in rows if r["policy"] == "askonce")
+    assert ask["success_rate"][0] == 1.0  # the demo answered every question, as the model says
+
+
+def test_a_model_without_async_mode_would_be_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # askonce layers that neither join nor ask respond-async time out of every 3 s call and
+    # settle it fail closed: the model would answer nothing where the demo answered everything.
+    doc: dict[str, Any] = json.loads(RECORDED_STUCK.read_text())
+    plain = fidelity.policy_for
+    monkeypatch.setattr(fidelity, "policy_for",
+                        lambda s, p: dataclasses.replace(plain(s, p), respond_async=False,
+                                                         join=False, edge_rejoins=False))
+    rows = {r["policy"]: r for r in fidelity.compare(doc, predict_demo(doc))}
+    assert not rows["askonce"]["success_ok"]
