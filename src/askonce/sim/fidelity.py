@@ -248,6 +248,19 @@ class DemoSim(Sim):
         super()._finish(c, ok, reply, now)
         if c.layer is None or c.layer.name != API:
             return
+        self._free_thread()
+
+    def _accept(self, c: Call, now: float) -> None:
+        """Async mode: a request the api answers 202 for a run in flight frees its thread now (it
+        never finishes here); the run itself holds one to its end, as the api's background
+        threads, as many as waitress has, are held."""
+        super()._accept(c, now)
+        if c.layer is not None and c.layer.name == API:
+            run = self._runs.get((API, c.asked.key))
+            if run is not None and run.call is not c:
+                self._free_thread()
+
+    def _free_thread(self) -> None:
         self._busy_threads -= 1
         if self._draining:  # a request taken off the queue below finished at once: the loop goes on
             return
