@@ -331,8 +331,7 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)  # stdout holds the JSON and nothing else
     rows = {(r["scenario"], r["policy"]): r for r in doc["scenarios"]}
-    # The stuck scenario needs the clients' async mode (ClientPolicy.respond_async), else it is not run.
-    stuck = {("stuck", p) for p in ("no-retry", "naive", "askonce")} if params.async_clients() else set()
+    stuck = {("stuck", p) for p in ("no-retry", "naive", "askonce")}
     assert set(rows) == ({(s, p) for s in ("outage", "transient", "slow", "tail") for p in ("naive", "askonce")}
                          | {("overload", p) for p in ("no-retry", "naive", "askonce")} | stuck)
     for r in doc["scenarios"]:

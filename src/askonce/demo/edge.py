@@ -86,6 +86,7 @@ def clients_for(plan: EdgePlan) -> list[httpx.AsyncClient]:
     # (adaptive concurrency), so waiting costs no queue depth (docs/demo.md, "Answering once").
     policy = ClientPolicy(
         layer="edge", originator=True, attempt_timeout=plan.timeout, deadline_grace=plan.grace,
+        respond_async=plan.respond_async,
         retry=RetryPolicy(attempts=plan.attempts, budget=plan.budget, deadline=plan.deadline,
                           backoff=Backoff(base=plan.backoff_base, cap=plan.backoff_cap)),
     )  # fmt: skip

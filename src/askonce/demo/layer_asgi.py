@@ -91,6 +91,7 @@ class Layer:
             attempt_timeout=settings.timeout, deadline_grace=settings.grace,
             breaker=DEMO_BREAKER if settings.breaker else None,
             hedge=HedgePolicy() if settings.hedge else None,
+            respond_async=settings.respond_async,
         )  # fmt: skip
         for _ in range(POOLS):
             if settings.mode == "askonce":

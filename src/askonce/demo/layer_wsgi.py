@@ -51,7 +51,9 @@ class Api:
 
     def _askonce(self, join: bool) -> AskonceWSGIMiddleware:
         """The app under askonce: a fresh join table each run."""
-        inner: Any = JoinWSGIMiddleware(self.flask.wsgi_app) if join else self.flask.wsgi_app
+        # Background runs (async mode) up to the threads waitress has: the api's own bound.
+        inner: Any = (JoinWSGIMiddleware(self.flask.wsgi_app, max_background=THREADS) if join
+                      else self.flask.wsgi_app)
         return AskonceWSGIMiddleware(inner, layer=NAME)
 
     @staticmethod
@@ -82,6 +84,7 @@ class Api:
                                                           settings.backoff_base))),
                 attempt_timeout=settings.timeout, deadline_grace=settings.grace,
                 breaker=DEMO_BREAKER if settings.breaker else None,
+                respond_async=settings.respond_async,
             )  # fmt: skip
             self.session = askonce_session(policy, store=store, pool_connections=4,
                                            pool_maxsize=POOL)

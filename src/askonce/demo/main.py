@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from askonce.demo.params import DEMO_BUDGET, POLICIES, SCENARIOS, Scenario, async_clients, scenarios
+from askonce.demo.params import DEMO_BUDGET, POLICIES, SCENARIOS, Scenario, scenarios
 
 NEEDED = ("fastapi", "starlette", "uvicorn", "flask", "waitress", "httpx", "requests", "rich",
           "matplotlib")
@@ -101,14 +101,6 @@ def run_demo(opts: Options) -> int:
     chosen = {n: s for n, s in scenarios(opts.quick, opts.seed, opts.budget, opts.grace,
                                        opts.join, opts.breaker, opts.error_rates).items()
               if n in opts.scenarios or n not in SCENARIOS}  # the sweep's are always run
-    skipped = [n for n, s in chosen.items() if s.respond_async and not async_clients()]
-    for name in skipped:
-        err.print(f"askonce demo: the {name} scenario is not run: this askonce's clients have no "
-                  "async mode (ClientPolicy.respond_async)")
-        del chosen[name]
-    if not chosen:
-        err.print("askonce demo: no scenario left to run")
-        return 2
     plan = lanes(chosen)
     started = time.monotonic()
     from askonce.demo import measure, report

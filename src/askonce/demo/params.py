@@ -331,14 +331,6 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             for name, s in out.items()}
 
 
-def async_clients() -> bool:
-    """Do the askonce clients have async mode (``ClientPolicy.respond_async``)? Without it a
-    scenario that asks for it is not run (``askonce demo`` says so)."""
-    from askonce.client.policy import ClientPolicy
-
-    return "respond_async" in {f.name for f in fields(ClientPolicy)}
-
-
 def sweep_name(rate: float) -> str:
     """The name of the transient scenario at ``rate`` in a sweep: ``transient-50`` for 0.5."""
     return f"transient-{100 * rate:g}"
