@@ -256,6 +256,7 @@ def test_the_stuck_goal_holds_askonce_to_one_call_of_work_per_question() -> None
     assert met(naive, row("askonce", 1.0, 24 * 3.0 * 1.06, 1)) is False  # the work done twice for some
     assert met(naive, row("askonce", 1.0, 24 * 3.0, 5)) is False  # over 1 + budget arrivals
     assert met(row("naive", 0.5, 24 * 9.0, 3), row("askonce", 0.4, 24 * 3.0, 1)) is False  # fewer answered
+    assert met(naive, row("askonce", 0.9, 24 * 3.0, 1)) is False  # more than naive's nothing, not enough
     assert met(naive, {**row("askonce", 1.0, 24 * 3.0, 1), "call_s": None}) is False  # no call time: no verdict
 
 
