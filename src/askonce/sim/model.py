@@ -469,7 +469,7 @@ class Sim:
             return True
         if run is None:
             self._runs[key] = Run(c, budget)
-            return False  # serve it (asked async: answered 202 first, by the caller of this)
+            return False  # serve it (asked async, its 202 is sent where it is served)
         c.budget = budget
         if run.done:
             self._answer_waiter(run, c, now)
