@@ -418,14 +418,25 @@ def _close(result: Iterable[bytes]) -> None:
 
 
 def _read_body(environ: Environ, limit: int) -> bytes | None:
-    """The request body when its length is declared and at most ``limit`` (``wsgi.input`` is
-    replaced so the app reads it again); ``None`` otherwise: a body of undeclared length (chunked),
-    one too long, or one that came short."""
+    """The request body when it is at most ``limit`` (``wsgi.input`` is replaced so the app reads
+    it again): its declared length, or, without one, up to the end of a ``wsgi.input_terminated``
+    input (waitress sets it on every request, a bodyless GET too); ``None`` otherwise: a chunked
+    body on a server that does not terminate its input, one too long, or one that came short."""
     raw = environ.get("CONTENT_LENGTH")
     if not raw:
-        # No length: no body, unless one is coming in chunks.
-        chunked = environ.get("HTTP_TRANSFER_ENCODING") or environ.get("wsgi.input_terminated")
-        return None if chunked else b""
+        if not environ.get("wsgi.input_terminated"):
+            # No length: no body, unless one is coming in chunks, which only a terminated input
+            # may be read to its end.
+            return None if environ.get("HTTP_TRANSFER_ENCODING") else b""
+        stream = environ.get("wsgi.input")
+        if stream is None:
+            return b""
+        body = bytes(stream.read(limit + 1))
+        if len(body) > limit:  # too large to compare: the app reads it all, as it came
+            environ["wsgi.input"] = io.BufferedReader(_Prefixed(body, stream))
+            return None
+        environ["wsgi.input"] = io.BytesIO(body)
+        return body
     try:
         length = int(raw)
     except ValueError:
@@ -440,6 +451,27 @@ def _read_body(environ: Environ, limit: int) -> bytes | None:
     body = bytes(stream.read(length))
     environ["wsgi.input"] = io.BytesIO(body)
     return body if len(body) == length else None
+
+
+class _Prefixed(io.RawIOBase):
+    """What was read of a stream, then the rest of it."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def _wait(entry: Entry, deadline: float | None) -> Answer | None:
