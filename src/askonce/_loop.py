@@ -124,14 +124,17 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
                 action = state.breaker_open(started, retry_at)
                 end(state, action, last, retry_at)
                 return False, action.reply
-            if admission is not None and not admission.admit(started, random()):
+            # A re-attach joins work already in flight at the callee: it adds none, so admission,
+            # which sheds work, neither refuses it nor hears a lost one as the target's failure.
+            if admission is not None and not state.rejoin \
+                    and not admission.admit(started, random()):
                 if breaker is not None:  # free the probe slot the breaker may have given it
                     yield IO, partial(breaker.release, started)
                 action = state.refused()
                 end(state, action, last, None)
                 return False, action.reply
             tried = yield ATTEMPT, action
-            if admission is not None and tried.health is not None:
+            if admission is not None and tried.health is not None and not joined_try(tried):
                 admission.record(clock(), success=tried.health)
             if breaker is not None:
                 done = clock()
@@ -160,6 +163,12 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
         if action.seconds > 0:  # type: ignore[union-attr]
             yield SLEEP, action.seconds  # type: ignore[union-attr]
         action = state.resume(clock())
+
+
+def joined_try(tried: Tried) -> bool:
+    """Lost to a callee that joins: the work goes on there, so no verdict on the target's health
+    for admission (a try that timed out is re-attached, not run again)."""
+    return tried.failure is not None and tried.failure.joinable
 
 
 class _Refuse:

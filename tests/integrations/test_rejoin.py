@@ -207,8 +207,9 @@ def test_a_reattach_with_no_run_to_join_is_refused_never_run(kind: str) -> None:
     assert _arrivals(ledger) == 2  # both arrived, and were counted
 
 
-def test_a_wsgi_body_of_undeclared_length_is_not_joined() -> None:
-    """A chunked body cannot be compared: the same key with another body must not be replayed."""
+def test_a_wsgi_body_of_undeclared_length_is_compared_to_its_end() -> None:
+    """A chunked body on a terminated input is read to its end and compared: the same key with
+    another body is refused (422), never replayed the first one's answer."""
     import io
 
     from askonce.core.wire import format_question
@@ -223,13 +224,15 @@ def test_a_wsgi_body_of_undeclared_length_is_not_joined() -> None:
 
     app = AskonceWSGIMiddleware(JoinWSGIMiddleware(echo), layer="t")
     header = format_question(new_key(), "svc", False, 2, 10.0)
+    statuses: list[str] = []
     for body in (b"amount=1", b"amount=999"):
         environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/q", "QUERY_STRING": "",
                    "SERVER_NAME": "x", "SERVER_PORT": "80", "wsgi.url_scheme": "http",
                    "wsgi.input": io.BytesIO(body), "wsgi.input_terminated": True,
                    "HTTP_ASKONCE_QUESTION": header}
-        b"".join(app(environ, lambda status, headers, exc_info=None: None))
-    assert seen == [b"amount=1", b"amount=999"]  # each ran: neither replayed the other
+        b"".join(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert seen == [b"amount=1"] and statuses[0].startswith("200")
+    assert statuses[1].startswith("422")  # another body under the key: refused, not replayed
 
 
 def test_joining_callees_are_remembered_safely_from_many_threads() -> None:

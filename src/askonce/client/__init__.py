@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from askonce import _stats, propagation
 from askonce._context import FRAME
-from askonce._loop import REFUSE, AttemptContext, Pass, Tried, give_up, steps
+from askonce._loop import REFUSE, AttemptContext, Pass, Tried, give_up, joined_try, steps
 from askonce._replies import (
     Record,
     attach,
@@ -192,7 +192,7 @@ def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException, call: 
 def _heard(caller: Caller, call: _Call, tried: Tried) -> None:
     """The fast first attempt's verdict, told to the admission controller that let it through (as
     the loop tells it of the attempts it makes)."""
-    if call.admission is not None and tried.health is not None:
+    if call.admission is not None and tried.health is not None and not joined_try(tried):
         call.admission.record(caller.clock(), success=tried.health)
 
 
