@@ -104,6 +104,8 @@ def test_a_running_answer_is_polled_again_at_once_if_held_else_after_a_gap() -> 
     assert type(hostile) is Poll and hostile.after >= 0.1  # a callee cannot make it spin
     slow = decide(poll.follow, 1.0, 202, {**RUNNING, "retry-after": "86400"}, took=0.0)
     assert type(slow) is Poll and slow.after <= 1.0
+    odd = decide(poll.follow, 1.0, 202, {**RUNNING, "retry-after": "\u00b2"}, took=0.0)
+    assert type(odd) is Poll and odd.after <= 1.0  # '²' is no delay-seconds: the default gap
 
 
 def test_polls_stop_at_the_deadline_and_at_their_bound() -> None:

@@ -73,6 +73,8 @@ def test_age_is_bounded_both_ways_and_the_secret_rotates() -> None:
     ({SIGNATURE: "a b"}, "malformed"),
     ({STATUS: "2000"}, "malformed"),
     ({TIMESTAMP: "-5"}, "malformed"),
+    ({TIMESTAMP: "1²"}, "malformed"),  # str.isdigit() says yes, int() says no
+    ({STATUS: "20²"}, "malformed"),
     ({"askonce-callback-key": "short"}, "malformed"),
     ({"askonce-callback-key": "x" * 5000}, "malformed"),
 ])

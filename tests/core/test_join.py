@@ -155,6 +155,7 @@ def test_peek_shows_a_question_without_arriving() -> None:
     (["wait=100000", "RESPOND-ASYNC"], Preference(True, 30.0)),  # capped
     (['wait="5"'], Preference(False, 5.0)),
     (["wait=-1", "wait=1e9", "wait=", "handling=lenient"], Preference()),  # ignored
+    (["respond-async, wait=\u00b2"], Preference(True)),  # a latin-1 '²': a digit to isdigit()
 ])
 def test_prefer_asks_for_async_and_a_bounded_wait(values: list[str], expected: Preference) -> None:
     assert parse_prefer(values, 30.0) == expected

@@ -171,8 +171,11 @@ def _gap(headers: Any) -> float:
     """Seconds between polls answered at once: the callee's Retry-After (delay-seconds),
     clamped into ``MIN_GAP..MAX_GAP``; ``MAX_GAP`` without one."""
     value = headers.get("retry-after")
-    if isinstance(value, str) and value.strip().isdigit() and len(value) <= 12:
-        return min(max(float(value.strip()), MIN_GAP), MAX_GAP)
+    text = value.strip() if isinstance(value, str) else ""
+    if text.isascii() and text.isdigit() and len(text) <= 12:  # str.isdigit() takes '²' too
+        return min(max(float(text), MIN_GAP), MAX_GAP)
+    if text:
+        _stats.count("client.async.bad-retry-after")
     return MAX_GAP
 
 

@@ -214,6 +214,6 @@ def parse_prefer(values: list[str], max_wait: float) -> Preference:
                 respond_async = True
             elif name == "wait":
                 arg = arg.strip().strip('"')
-                if arg.isdigit() and len(arg) <= 6:
+                if arg.isascii() and arg.isdigit() and len(arg) <= 6:  # not '²': not a digit
                     wait = min(float(arg), max_wait)
     return Preference(respond_async, wait)

@@ -80,7 +80,7 @@ def _pushback(trailing: Metadata | None) -> float | None:
     for key, value in trailing or ():
         if key == PUSHBACK:
             text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-            return int(text) / 1000 if text.isdigit() and len(text) <= 9 else -1.0
+            return int(text) / 1000 if text.isascii() and text.isdigit() and len(text) <= 9 else -1.0
     return None
 
 
