@@ -160,7 +160,7 @@ def check(headers: Mapping[str, str], body: bytes, secret: Secret | Sequence[Sec
     key, status, stamp = fields[KEY], fields[STATUS], fields[TIMESTAMP]
     if not _KEY.fullmatch(key):
         raise CallbackError("malformed", f"callback refused: {KEY} is not a question key")
-    if not (status.isascii() and status.isdigit() and len(status) == 3 and 100 <= int(status)):
+    if not (status.isascii() and status.isdigit() and len(status) == 3 and int(status) >= 100):
         raise CallbackError("malformed", f"callback refused: {STATUS} is not a status")
     if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
         raise CallbackError("malformed", f"callback refused: {TIMESTAMP} is not seconds")
