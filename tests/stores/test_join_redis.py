@@ -131,6 +131,32 @@ def test_waiters_past_the_bound_run_unjoined(shared_redis: RedisServer) -> None:
         b.close()
 
 
+def test_status_long_polls_cannot_take_the_slots_repeated_arrivals_join_with(
+        shared_redis: RedisServer) -> None:
+    """One principal holding long-polls of its own running question must not make another's
+    repeat run again: polls hold at most a quarter of ``max_waiters``."""
+    a, b = RedisJoinStore(shared_redis.url, max_waiters=4), RedisJoinStore(shared_redis.url)
+    mallory, alice = scope(), ("alice", "GET /report", uuid.uuid4().hex)
+    before = askonce.stats()
+    try:
+        assert b.arrive(mallory, D, POLICY)[0] is Verdict.RUN
+        assert b.arrive(alice, D, POLICY)[0] is Verdict.RUN
+        polls = [threading.Thread(target=a.look, args=(mallory, POLICY, 3.0)) for _ in range(4)]
+        for t in polls:
+            t.start()
+        for t in polls[1:]:
+            t.join(timeout=30)  # past the quarter: answered at once
+        assert askonce.stats().get("server.join.redis.polls-full", 0) - \
+            before.get("server.join.redis.polls-full", 0) == 3
+        verdict = a.arrive(alice, D, POLICY)[0]
+        assert verdict is Verdict.WAIT  # joins alice's run, not BYPASS (run again)
+        a.unwait()
+        polls[0].join(timeout=30)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_redis_down_runs_unjoined_counted_and_is_left_alone_for_a_while(
         own_redis: RedisServer) -> None:
     store = RedisJoinStore(own_redis.url, retry_after=30.0)

@@ -80,7 +80,8 @@ def _pushback(trailing: Metadata | None) -> float | None:
     for key, value in trailing or ():
         if key == PUSHBACK:
             text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-            return int(text) / 1000 if text.isascii() and text.isdigit() and len(text) <= 9 else -1.0
+            ok = text.isascii() and text.isdigit() and len(text) <= 9
+            return int(text) / 1000 if ok else -1.0
     return None
 
 

@@ -22,7 +22,9 @@ list the holder pushes its answer onto when it finishes, for the waiters).
   memory table is full (``server.join.bypass``), counted ``server.join.redis.error.<kind>``;
   Redis is then left alone for ``retry_after`` seconds (``server.join.redis.down`` per request
   that skipped it). Waiters are bounded by ``max_waiters`` per process (past it they run
-  unjoined, ``server.join.redis.waiters-full``): each holds a blocking connection.
+  unjoined, ``server.join.redis.waiters-full``): each holds a blocking connection. Status
+  GETs' long-polls hold at most a quarter of them (past it a GET is answered at once,
+  ``server.join.redis.polls-full``).
 
 * Async mode (``Prefer: respond-async``): the status GET at any replica reads the kept answer
   (:meth:`RedisJoinStore.look`; a long-poll waits on ``done`` as a waiter does), under the GET's
@@ -127,6 +129,7 @@ class RedisJoinStore:
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
         self._waiters = 0
+        self._polls = 0  # of the waiters, status GETs holding a long-poll
         self._down_until = 0.0
 
     # --- what both the sync and the async forms share ------------------------------------------
@@ -171,14 +174,24 @@ class RedisJoinStore:
             return Verdict.BYPASS, None
         return verdict, None
 
-    def _admit(self) -> bool:
-        """Take a waiter's slot (each holds a blocking connection while it waits)."""
+    def _admit(self, poll: bool = False) -> bool:
+        """Take a waiter's slot (each holds a blocking connection while it waits). A status
+        GET's long-poll (``poll``) may hold at most a quarter of them, so polls held open cannot
+        take the slots that repeated arrivals need to join (and not run again)."""
         with self._lock:
             if self._waiters >= self.max_waiters:
                 _stats.count("server.join.redis.waiters-full")
                 return False
+            if poll and self._polls >= self.max_waiters // 4:
+                _stats.count("server.join.redis.polls-full")
+                return False
             self._waiters += 1
+            self._polls += poll
             return True
+
+    def _unpoll(self) -> None:
+        with self._lock:
+            self._polls -= 1
 
     def unwait(self) -> None:
         """A ``WAIT`` verdict that is not followed by :meth:`wait` or :meth:`await_answer` (an
@@ -306,8 +319,11 @@ class RedisJoinStore:
         keys = self._keys(scope)
         try:
             state = self._looked(self._peek(keys), policy)
-            if state[0] == "running" and wait > 0 and self._admit():
-                self.wait(scope, wait, policy)
+            if state[0] == "running" and wait > 0 and self._admit(poll=True):
+                try:
+                    self.wait(scope, wait, policy)
+                finally:
+                    self._unpoll()
                 state = self._looked(self._peek(keys), policy)
         except redis.RedisError as exc:
             self._failed(exc)
@@ -332,8 +348,11 @@ class RedisJoinStore:
         try:
             state = self._looked(await self._aops.pipeline(transaction=False).get(keys[1])
                                  .exists(keys[0]).execute(), policy)
-            if state[0] == "running" and wait > 0 and self._admit():
-                await self.await_answer(scope, wait, policy)
+            if state[0] == "running" and wait > 0 and self._admit(poll=True):
+                try:
+                    await self.await_answer(scope, wait, policy)
+                finally:
+                    self._unpoll()
                 state = self._looked(await self._aops.pipeline(transaction=False)
                                      .get(keys[1]).exists(keys[0]).execute(), policy)
         except redis.RedisError as exc:
