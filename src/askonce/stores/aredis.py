@@ -24,6 +24,7 @@ from askonce import _stats
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
+from askonce.stores._pool import pooled
 from askonce.stores._redis_admission import AsyncRedisAdmissionHandle
 from askonce.stores._redis_lua import LUA_ADMISSION, LUA_BREAKER, LUA_BUCKET, BreakerReply
 from askonce.stores.redis import BreakerBase, BucketBase, StoreBase, no_retry, warn_if_retrying
@@ -147,9 +148,10 @@ class AsyncRedisStore(StoreBase):
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
                          admission_refresh=admission_refresh, fleet_size=fleet_size)
         if isinstance(client_or_url, str):
-            client_or_url = aioredis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
-                                                    socket_connect_timeout=op_timeout,
-                                                    retry=no_retry())
+            made: aioredis.Redis = pooled(aioredis, client_or_url, timeout=op_timeout,
+                                 socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
+                                 retry=no_retry())
+            client_or_url = made
         else:
             warn_if_retrying(client_or_url)
         self.client = client_or_url

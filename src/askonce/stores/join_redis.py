@@ -49,6 +49,7 @@ from redis.retry import Retry
 from askonce import _stats
 from askonce.core import is_real
 from askonce.core.join import Answer, JoinPolicy, Verdict, decode_answer, encode_answer, keeps
+from askonce.stores._pool import pooled
 
 __all__ = ["LUA_ARRIVE", "LUA_FINISH", "LUA_RENEW", "TIMED_OUT", "RedisJoinStore"]
 
@@ -117,8 +118,10 @@ class RedisJoinStore:
         self.url, self.lease, self.prefix = url, float(lease), prefix
         self.op_timeout, self.retry_after, self.max_waiters = op_timeout, retry_after, max_waiters
         kw: dict[str, Any] = {"socket_connect_timeout": op_timeout, "retry": Retry(NoBackoff(), 0)}
-        self._ops = redis.Redis.from_url(url, socket_timeout=op_timeout, **kw)
-        self._block: Any = redis.Redis.from_url(url, socket_timeout=self.lease + 1.0, **kw)
+        self._ops = pooled(redis, url, timeout=op_timeout, socket_timeout=op_timeout, **kw)
+        # a connection per waiter (BLMOVE holds it), so as many as there may be waiters
+        self._block: Any = pooled(redis, url, timeout=op_timeout, socket_timeout=self.lease + 1.0,
+                                  max_connections=max_waiters + 16, **kw)
         self._aops: Any = None  # made on first async use, in the serving event loop
         self._ablock: Any = None
         self._scripts = [self._ops.register_script(s) for s in (LUA_ARRIVE, LUA_FINISH,
@@ -364,10 +367,11 @@ class RedisJoinStore:
         if self._aops is None:
             kw: dict[str, Any] = {"socket_connect_timeout": self.op_timeout,
                                   "retry": redis.asyncio.retry.Retry(NoBackoff(), 0)}
-            self._aops = redis.asyncio.Redis.from_url(self.url, socket_timeout=self.op_timeout,
-                                                      **kw)
-            self._ablock = redis.asyncio.Redis.from_url(self.url,
-                                                        socket_timeout=self.lease + 1.0, **kw)
+            self._aops = pooled(redis.asyncio, self.url, timeout=self.op_timeout,
+                                socket_timeout=self.op_timeout, **kw)
+            self._ablock = pooled(redis.asyncio, self.url, timeout=self.op_timeout,
+                                  socket_timeout=self.lease + 1.0,
+                                  max_connections=self.max_waiters + 16, **kw)
             self._ascripts = [self._aops.register_script(s) for s in (LUA_ARRIVE, LUA_FINISH)]
 
     async def aarrive(self, scope: Scope, digest: bytes, policy: JoinPolicy, *,

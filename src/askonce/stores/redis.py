@@ -75,6 +75,7 @@ from askonce.core.fallback import (
     fleet_size,
     seeded_bucket,
 )
+from askonce.stores._pool import pooled
 from askonce.stores._redis_admission import RedisAdmissionHandle
 from askonce.stores._redis_lua import (
     HEARTBEAT,
@@ -546,9 +547,10 @@ class RedisStore(StoreBase):
                          deposit_batch=deposit_batch, clock=clock, max_targets=max_targets,
                          admission_refresh=admission_refresh, fleet_size=fleet_size)
         if isinstance(client_or_url, str):
-            client_or_url = redis.Redis.from_url(client_or_url, socket_timeout=op_timeout,
-                                                 socket_connect_timeout=op_timeout,
-                                                 retry=no_retry())
+            made: redis.Redis = pooled(redis, client_or_url, timeout=op_timeout,
+                                 socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
+                                 retry=no_retry())
+            client_or_url = made
         else:
             warn_if_retrying(client_or_url)
         self.client = client_or_url
