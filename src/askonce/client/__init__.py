@@ -171,9 +171,14 @@ def _end(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float 
 
 def _answered(exchange: Exchange[R] | AsyncExchange[R], response: R, call: _Call) -> Tried:
     outcome = exchange.judge(response)
+    failure = outcome.failure
     if call.joiners is not None:
         call.joiners.heard(call.target, outcome.reply)
-    return Tried(outcome.failure, outcome.health, outcome.reply, ANSWERED, response=response)
+        # A status the client's own library made (gRPC's deadline) toward a callee that joins:
+        # the try is lost, but its work may go on there, as for a timeout that raised.
+        if failure is not None and failure.delivery == LOST and call.joins:
+            failure = replace(failure, joinable=True)
+    return Tried(failure, outcome.health, outcome.reply, ANSWERED, response=response)
 
 
 def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException, call: _Call) -> Tried:

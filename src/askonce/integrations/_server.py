@@ -241,8 +241,10 @@ class Arrival(Record):
         return PassedOn(passed) if passed is not None and passed.dnr else None
 
     def reply(self, failed: bool = False) -> Reply:
-        """The reply for an answer the app gave itself; ``failed``: that answer is an error."""
-        return self.serving.reply(self.noted if failed else self._noted)
+        """The reply for an answer the app gave itself; ``failed``: that answer is an error. It
+        says ``j`` when a join layer inside answers for this question."""
+        reply = self.serving.reply(self.noted if failed else self._noted)
+        return replace(reply, joins=True) if self.joins else reply
 
     def reply_header(self) -> str:
         if self._noted is None:
