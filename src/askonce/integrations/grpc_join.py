@@ -308,6 +308,37 @@ class _Joining:
         return tab, who
 
 
+class _Wake:
+    """How a sync run wakes its waiters: each waits on an event of its own, which its RPC's end
+    sets too (its caller left, its gRPC deadline passed), so a waiter holds its thread no longer
+    than its call lasts."""
+
+    __slots__ = ("_done", "_events", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[threading.Event] = []
+        self._done = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._done, events, self._events = True, self._events, []
+        for event in events:
+            event.set()
+
+    def wait(self, ctx: Any, timeout: float) -> bool:
+        """Whether the run ended within ``timeout`` seconds, while this waiter's call lasted."""
+        mine = threading.Event()
+        with self._lock:
+            if self._done:
+                return True
+            self._events.append(mine)
+        add = getattr(ctx, "add_callback", None)
+        if not callable(add) or add(mine.set) is not False:  # False: the call has already ended
+            mine.wait(timeout)
+        return self._done
+
+
 def _refuse(ctx: Any) -> Any:
     """A re-attach with no run to join: refused, never run; the reply says none is left (what was
     held for the lost run is not this callee's to give back). On aio: the abort to await."""
@@ -316,15 +347,13 @@ def _refuse(ctx: Any) -> Any:
     return ctx.abort(Code.UNAVAILABLE, REFUSED)
 
 
-def _left(tab: Tab, ctx: Any) -> float:
-    """How long a waiter may wait: its question's time left, its own gRPC deadline, ``MAX_WAIT``."""
+def _left(tab: Tab) -> float:
+    """How long a waiter may wait: its question's time left, at most ``MAX_WAIT``. (Its own gRPC
+    deadline ends its call, and the wait with it; a waiter never answers for it: its caller's
+    own deadline, not an answer, must tell it that the try is lost, so that it re-attaches.)"""
     left = MAX_WAIT
     if tab.deadline is not None:
         left = min(left, tab.deadline - _stats.monotonic())
-    remaining = getattr(ctx, "time_remaining", None)
-    grpc_left = remaining() if callable(remaining) else None
-    if isinstance(grpc_left, int | float):
-        left = min(left, grpc_left)
     return max(0.0, left)
 
 
@@ -353,16 +382,15 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
             scope = (who, method, tab.key)
             fingerprint = digest(b"", raw)
             for _ in range(MAX_REARRIVALS):
-                verdict, entry = self._arrive(scope, fingerprint, rejoin, tab, None,
-                                              threading.Event())
+                verdict, entry = self._arrive(scope, fingerprint, rejoin, tab, None, _Wake())
                 if verdict is Verdict.RUN and entry is not None and not rejoin:
                     return self._run(scope, entry, behavior, codec, request, ctx)
                 if verdict is Verdict.WAIT and entry is not None:
                     run = entry.signal
-                    if not isinstance(run, Run) or not isinstance(run.wake, threading.Event):
+                    if not isinstance(run, Run) or not isinstance(run.wake, _Wake):
                         _stats.count("server.join.other-loop")
                         break
-                    answer = entry.answer if run.wake.wait(_left(tab, ctx)) else _late()
+                    answer = entry.answer if run.wake.wait(ctx, _left(tab)) else _late()
                     if answer is None:
                         continue  # the run ended without an answer: arrive again
                     joined(tab, run)
@@ -396,7 +424,7 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
         finally:
             self._settle(scope, entry, answer, gave_up)
             run = entry.signal
-            if isinstance(run, Run) and isinstance(run.wake, threading.Event):
+            if isinstance(run, Run) and isinstance(run.wake, _Wake):
                 run.wake.set()
 
 
@@ -466,7 +494,7 @@ class AsyncJoinServerInterceptor(_Joining, aio.ServerInterceptor):
                         _stats.count("server.join.other-loop")  # an asyncio.Event serves one loop
                         break
                     try:
-                        answer = await _wait(run.wake, entry, _left(tab, ctx))
+                        answer = await _wait(run.wake, entry, _left(tab))
                     except BaseException:  # cancelled (its caller left): it started no run either
                         answered_by_run()
                         raise
