@@ -6,7 +6,7 @@ Clients: ``askonce.integrations.httpx`` (``AskonceTransport``, ``AsyncAskonceTra
 Servers: ``askonce.integrations.asgi`` and ``askonce.integrations.wsgi``, over
 ``integrations._server``; gRPC: ``askonce.integrations.grpc`` (``AskonceClientInterceptor``,
 ``AsyncAskonceClientInterceptor``, ``AskonceServerInterceptor``, ``AsyncAskonceServerInterceptor``,
-``channel_options``).
+``channel_options``); joins at a gRPC server: ``askonce.integrations.grpc_join``.
 OpenTelemetry: ``askonce.integrations.otel``; Prometheus: ``askonce.integrations.prometheus``.
 Each needs its extra: ``pip install 'askonce[httpx]'``, ``[requests]``, ``[asgi]``, ...
 """
