@@ -7,7 +7,8 @@ generic handlers with bytes in and out. ``askonce.test.Join`` by method:
     Slow     sleeps SLOW, then answers "answer to <request>"     Quick    answers at once, the same
     Missing  NOT_FOUND with trailing metadata x-why: gone         Fail     UNAVAILABLE, always
     Big      answers 2 kB                                         GiveUp   sleeps SLOW, then raises
-                                                                           BudgetExhausted
+    Lazy     sets NOT_FOUND and returns                                    BudgetExhausted
+    Double   int in, twice it out (its own (de)serializers)
 """
 
 from __future__ import annotations
@@ -106,10 +107,26 @@ def sync_service(work: Work) -> grpc.GenericRpcHandler:
         time.sleep(SLOW)
         raise _exhausted()
 
+    def lazy(request: bytes, ctx: Any) -> bytes:
+        work.run("Lazy")
+        ctx.set_code(Code.NOT_FOUND)
+        ctx.set_details("not yet")
+        return b""
+
+    def double(request: int, ctx: Any) -> int:
+        work.run("Double")
+        return 2 * request
+
     unary = {"Slow": slow, "Quick": quick, "Missing": missing, "Fail": fail, "Big": big,
-             "GiveUp": give_up}
-    return grpc.method_handlers_generic_handler(
-        SERVICE, {k: grpc.unary_unary_rpc_method_handler(v) for k, v in unary.items()})
+             "GiveUp": give_up, "Lazy": lazy}
+    return _service(unary, double)
+
+
+def _service(unary: dict[str, Any], double: Any) -> grpc.GenericRpcHandler:
+    handlers = {k: grpc.unary_unary_rpc_method_handler(v) for k, v in unary.items()}
+    handlers["Double"] = grpc.unary_unary_rpc_method_handler(  # messages that are not bytes
+        double, request_deserializer=int, response_serializer=lambda n: str(n).encode())
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 def aio_service(work: Work) -> grpc.GenericRpcHandler:
@@ -139,10 +156,19 @@ def aio_service(work: Work) -> grpc.GenericRpcHandler:
         await asyncio.sleep(SLOW)
         raise _exhausted()
 
+    async def lazy(request: bytes, ctx: Any) -> bytes:
+        work.run("Lazy")
+        ctx.set_code(Code.NOT_FOUND)
+        ctx.set_details("not yet")
+        return b""
+
+    async def double(request: int, ctx: Any) -> int:
+        work.run("Double")
+        return 2 * request
+
     unary = {"Slow": slow, "Quick": quick, "Missing": missing, "Fail": fail, "Big": big,
-             "GiveUp": give_up}
-    return grpc.method_handlers_generic_handler(
-        SERVICE, {k: grpc.unary_unary_rpc_method_handler(v) for k, v in unary.items()})
+             "GiveUp": give_up, "Lazy": lazy}
+    return _service(unary, double)
 
 
 class Callee:
@@ -243,6 +269,28 @@ def test_a_kept_error_is_replayed_with_its_details_and_trailing_metadata(callee:
         assert (a.code, a.details, a.trailing.get("x-why")) == (Code.NOT_FOUND, "no such order",
                                                                 "gone")
     assert (first.joined, again.joined) == (None, "replay") and again.reply.joins
+
+
+def test_a_status_set_without_raising_is_kept_and_replayed(callee: Callee) -> None:
+    key = new_key()
+    first, again = (plain(callee.url, "Lazy", key=key) for _ in range(2))
+    assert [(a.code, a.details) for a in (first, again)] == [(Code.NOT_FOUND, "not yet")] * 2
+    assert (first.joined, again.joined) == (None, "replay") and callee.work.runs["Lazy", key] == 1
+
+
+def test_messages_are_compared_and_kept_serialized_with_the_methods_own_codecs(
+        callee: Callee) -> None:
+    key, before = new_key(), askonce.stats()
+    first, again = (plain(callee.url, "Double", b"21", key=key) for _ in range(2))
+    other = plain(callee.url, "Double", b"22", key=key)
+    unreadable = plain(callee.url, "Double", b"twenty", key=new_key())
+    assert (first.body, again.body, again.joined) == (b"42", b"42", "replay")
+    assert other.code == Code.FAILED_PRECONDITION and callee.work.runs["Double", key] == 1
+    # What gRPC itself answers for a request its deserializer refuses; the handler never runs.
+    assert (unreadable.code, unreadable.details) == (Code.INTERNAL,
+                                                     "Exception deserializing request!")
+    assert sum(n for (m, _), n in callee.work.runs.items() if m == "Double") == 1
+    assert delta(before).get("server.join.unreadable") == 1
 
 
 def test_a_failed_answer_is_not_replayed_so_a_retry_really_runs(callee: Callee) -> None:

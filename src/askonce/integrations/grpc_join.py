@@ -317,12 +317,12 @@ class _Wake:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: list[threading.Event] = []
+        self._events: set[threading.Event] = set()
         self._done = False
 
     def set(self) -> None:
         with self._lock:
-            self._done, events, self._events = True, self._events, []
+            self._done, events, self._events = True, self._events, set()
         for event in events:
             event.set()
 
@@ -332,11 +332,13 @@ class _Wake:
         with self._lock:
             if self._done:
                 return True
-            self._events.append(mine)
+            self._events.add(mine)
         add = getattr(ctx, "add_callback", None)
         if not callable(add) or add(mine.set) is not False:  # False: the call has already ended
             mine.wait(timeout)
-        return self._done
+        with self._lock:
+            self._events.discard(mine)  # a waiter gone before the run's end leaves nothing behind
+            return self._done
 
 
 def _refuse(ctx: Any) -> Any:
@@ -417,7 +419,7 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
             if body is None:
                 seen.abort(Code.INTERNAL, UNWRITTEN)
             answer = seen.seen.answer(body)
-            return body if answer.status == 200 else None
+            return body  # with a code of its own set, gRPC sends that code
         except Exception as exc:
             answer, gave_up = seen.seen.failed(exc)
             raise
@@ -536,7 +538,7 @@ class AsyncJoinServerInterceptor(_Joining, aio.ServerInterceptor):
                 if body is None:
                     await seen.abort(Code.INTERNAL, UNWRITTEN)
                 answer = seen.seen.answer(body)
-                return body if answer.status == 200 else None
+                return body
             except Exception as exc:
                 answer, gave_up = seen.seen.failed(exc)
                 raise
