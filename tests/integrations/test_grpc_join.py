@@ -401,25 +401,32 @@ def _left() -> int:
 
 def _client_call(kind: str, url: str, name: str, policy: ClientPolicy,
                  timeout: float | None) -> tuple[bytes, dict[str, Any], int]:
-    """Calls ``name`` once under a question of budget 4 (after a warm call that learns the callee
-    joins): the answer, its trailing metadata, and the budget the question has left."""
+    """Calls ``name`` once under a question of budget 4 (after a warm call, under a policy of no
+    attempt timeout, that learns the callee joins; the channel connected first): the answer, its
+    trailing metadata, and the budget the question has left."""
+    warm = ClientPolicy(layer="svc", bucket=None)
     if kind == "sync":
-        channel = grpc.intercept_channel(
-            grpc.insecure_channel(url, options=channel_options()),
-            AskonceClientInterceptor(policy, target=url, idempotent=False))
-        with channel:
+        with grpc.insecure_channel(url, options=channel_options()) as raw:
+            grpc.channel_ready_future(raw).result(timeout=10.0)
+            learn = grpc.intercept_channel(raw, AskonceClientInterceptor(warm, target=url))
             with askonce.question(budget=4, deadline=10.0):
-                channel.unary_unary(method("Quick"))(b"warm", timeout=10.0)
+                learn.unary_unary(method("Quick"))(b"warm", timeout=10.0)
+            channel = grpc.intercept_channel(
+                raw, AskonceClientInterceptor(policy, target=url, idempotent=False))
             with askonce.question(budget=4, deadline=10.0):
                 body, call = channel.unary_unary(method(name)).with_call(b"q", timeout=timeout)
                 return body, dict(call.trailing_metadata()), _left()
 
     async def go() -> tuple[bytes, dict[str, Any], int]:
+        learning = [AsyncAskonceClientInterceptor(warm, target=url)]
+        async with aio.insecure_channel(url, options=channel_options(),
+                                        interceptors=learning) as learn, \
+                askonce.question(budget=4, deadline=10.0):
+            await learn.unary_unary(method("Quick"))(b"warm", timeout=10.0)
         interceptor = AsyncAskonceClientInterceptor(policy, target=url, idempotent=False)
         async with aio.insecure_channel(url, options=channel_options(),
                                         interceptors=[interceptor]) as channel:
-            async with askonce.question(budget=4, deadline=10.0):
-                await channel.unary_unary(method("Quick"))(b"warm", timeout=10.0)
+            await asyncio.wait_for(channel.channel_ready(), 10.0)
             async with askonce.question(budget=4, deadline=10.0):
                 call = channel.unary_unary(method(name))(b"q", timeout=timeout)
                 body = await call
