@@ -29,6 +29,7 @@ import askonce
 from askonce.client import ClientPolicy
 from askonce.core.join import JoinPolicy
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, Reply, format_question, parse_reply
+from askonce.integrations._join import Run
 from askonce.integrations.grpc import (
     AskonceClientInterceptor,
     AskonceServerInterceptor,
@@ -477,3 +478,32 @@ def test_an_aio_run_goes_on_after_its_caller_left_within_the_questions_deadline(
     assert gone.code == Code.DEADLINE_EXCEEDED
     assert later.code == Code.OK and later.body == b"answer to q"
     assert later.joined == "replay" and c.work.runs["Slow", key] == 1
+
+
+def test_waiters_whose_calls_end_first_leave_nothing_behind_and_never_answer_for_their_deadline(
+        ) -> None:
+    """A sync waiter's wait ends with its call: it holds no thread or event past it, and it does
+    not answer for its own gRPC deadline (the caller's library does: a lost try, re-attached)."""
+    c = Callee("sync")
+    try:
+        key = new_key()
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            first = pool.submit(plain, c.url, "Slow", key=key)
+            deadline = time.monotonic() + 10.0
+            while c.work.runs["Slow", key] == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)  # until the run is in flight
+            gone = list(pool.map(lambda _: plain(c.url, "Slow", key=key, timeout=0.1), range(5)))
+            entry = c.join.joins.peek(("", method("Slow"), key), time.monotonic())
+            assert entry is not None and isinstance(entry.signal, Run)
+            wake = entry.signal.wake
+            while wake._events and not entry.done and time.monotonic() < deadline:
+                time.sleep(0.01)  # the server hears of a call's end just after its caller
+            # Gone while the run is still in flight (not cleared by the run's end).
+            left_behind, in_flight = len(wake._events), not entry.done
+            answered = first.result(timeout=10.0)
+    finally:
+        c.close()
+    assert [a.code for a in gone] == [Code.DEADLINE_EXCEEDED] * 5
+    assert all(REPLY_HEADER not in a.trailing for a in gone)  # made by the client's gRPC
+    assert (left_behind, in_flight) == (0, True)
+    assert answered.code == Code.OK and c.work.runs["Slow", key] == 1
