@@ -28,6 +28,7 @@ from grpc import aio
 import askonce
 from askonce.client import ClientPolicy
 from askonce.core.join import JoinPolicy
+from askonce.core.ledger import LedgerPolicy
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER, Reply, format_question, parse_reply
 from askonce.integrations._join import Run
 from askonce.integrations.grpc import (
@@ -176,7 +177,9 @@ class Callee:
     """One server of a kind, with its join table, ledger and work."""
 
     def __init__(self, kind: str, **join: Any) -> None:
-        self.kind, self.work, self.ledger = kind, Work(), MemoryLedger()
+        # One window of a day: the calls of a test never straddle two windows of `find`.
+        self.kind, self.work = kind, Work()
+        self.ledger = MemoryLedger(LedgerPolicy(window=86_400.0))
         self.servers = ServerSet()
         if kind == "sync":
             self.join: Any = JoinServerInterceptor(**join)
