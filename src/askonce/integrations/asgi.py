@@ -85,6 +85,7 @@ _EXPECT = b"expect"
 _MAX_DEPTH = 8  # mounts and wrapping middlewares followed when looking for the route table
 WATCH_AFTER = 0.05  # seconds before a running request's disconnect watcher starts
 SWEEP_EVERY = 0.01  # the most often the running requests of one event loop are visited
+POLL_EVERY = 0.02  # the most often a server's disconnect flag is read for a watched request
 
 
 class AskonceASGIMiddleware:
@@ -208,21 +209,34 @@ class AskonceASGIMiddleware:
 
 
 class _Sweep:
-    """One loop's running requests: deadlines in a heap, requests to watch in arrival order, one
-    timer for both (module docstring).
+    """One loop's running requests, visited by one timer (module docstring).
 
-    An entry is ``[when, seq, exchange]``, ``when`` on the loop's clock (where a timer of the
-    request's own would have been set); a request that ends sets its exchange to ``None``. The sweep
-    holds no handle of the loop (its timer only weakly), so that a loop stopped with requests still
-    queued (a test's) can be collected, and with it this entry of ``_sweeps``.
+    ``batch``: the requests started since the batch opened (``opened``, on the loop's clock), taken
+    in at the visit ``SWEEP_EVERY`` later, when those still running have their deadline put in the
+    heap and a place in ``due`` to be watched; a request that ends while it is the batch's last
+    leaves it at once. ``by``: when the batch is visited, on askonce's clock: a deadline before it
+    goes into the heap at once. A heap entry is ``[when, seq, exchange]``, ``when`` on the loop's
+    clock (where a timer of the request's own would have been set); a request that ends sets its
+    exchange to ``None``. ``live``: the running requests with a deadline. ``due``: batches of
+    requests to visit after ``WATCH_AFTER``, in order. ``polled``: requests whose server's own
+    disconnect flag is read at every visit, at most every ``POLL_EVERY`` seconds. The sweep holds no
+    handle of the loop (its timer only weakly), so that a loop stopped with requests still queued (a
+    test's) can be collected, and with it this entry of ``_sweeps``.
     """
 
-    __slots__ = ("at", "context", "deadlines", "due", "live", "seq", "timer")
+    __slots__ = ("at", "batch", "by", "context", "deadlines", "due", "limit", "live", "opened",
+                 "poll_at", "polled", "seq", "timer")
 
     def __init__(self) -> None:
+        self.batch: list[_Exchange] = []
+        self.opened = math.inf  # inf: no batch open
+        self.by = -math.inf
+        self.limit = _BATCH  # the batch's length at which its ended requests are dropped
         self.deadlines: list[list[Any]] = []
-        self.due: deque[list[Any]] = deque()
-        self.live = 0  # entries of the heap whose request still runs
+        self.due: deque[tuple[float, list[_Exchange | None]]] = deque()
+        self.polled: list[_Exchange] = []
+        self.poll_at = math.inf
+        self.live = 0
         self.seq = itertools.count()  # ties in the heap never compare exchanges
         self.at = math.inf  # when the timer fires (``loop.time()``); inf: not armed
         self.timer: Callable[[], asyncio.TimerHandle | None] = _no_timer
@@ -231,37 +245,55 @@ class _Sweep:
         # a request's variables.
         self.context = contextvars.Context()
 
+    def enter(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
+        """Take ``exchange`` in at the next visit of the batch."""
+        batch = self.batch
+        batch.append(exchange)
+        if self.opened == math.inf:
+            self.open(loop)
+        elif len(batch) > self.limit:  # a loop that starts requests without ever turning
+            batch[:] = [e for e in batch if e.running]
+            self.limit = 2 * len(batch) + _BATCH
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        self.opened = now
+        self.by = _stats.monotonic() + SWEEP_EVERY
+        if now + SWEEP_EVERY < self.at:
+            self.arm(now + SWEEP_EVERY, loop)
+
     def add_deadline(self, exchange: _Exchange, deadline: float,
                      loop: asyncio.AbstractEventLoop) -> list[Any]:
         """Cancel ``exchange`` at ``deadline`` unless it ends first (its entry emptied)."""
-        heap = self.deadlines
         at = loop.time() + (deadline - _stats.monotonic())  # the deadline on the loop's clock
-        entry = [at, next(self.seq), exchange]
-        heapq.heappush(heap, entry)
-        self.live += 1
-        if len(heap) > 2 * self.live + 64:  # mostly ended requests whose deadlines are still ahead
-            heap[:] = [e for e in heap if e[2] is not None]
-            heapq.heapify(heap)
+        entry = self.push(exchange, at)
         if at < self.at:
             self.arm(at, loop)
         return entry
 
-    def add_watch(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> list[Any]:
-        """Visit ``exchange`` ``WATCH_AFTER`` seconds from now (or up to ``SWEEP_EVERY`` later)."""
-        at = loop.time() + WATCH_AFTER
-        entry = [at, 0, exchange]
-        self.due.append(entry)
-        if len(self.due) == 1 and at < self.at:
-            self.arm(at, loop)
+    def push(self, exchange: _Exchange, at: float) -> list[Any]:
+        heap = self.deadlines
+        entry = [at, next(self.seq), exchange]
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * self.live + 64:  # mostly ended requests whose deadlines are still ahead
+            heap[:] = [e for e in heap if e[2] is not None]
+            heapq.heapify(heap)
         return entry
 
     def ended(self, entry: list[Any]) -> None:
-        """A request with a deadline has ended: its entry is emptied, and dropped if first."""
+        """A request in the heap has ended: its entry is emptied, and dropped if first."""
         entry[2] = None
-        self.live -= 1
         heap = self.deadlines
         while heap and heap[0][2] is None:
             heapq.heappop(heap)
+
+    def poll(self, exchange: _Exchange, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the server's disconnect flag of ``exchange`` at every visit from now on."""
+        self.polled.append(exchange)
+        if self.poll_at == math.inf:
+            self.poll_at = at = loop.time() + POLL_EVERY
+            if at < self.at:
+                self.arm(at, loop)
 
     def arm(self, at: float, loop: asyncio.AbstractEventLoop) -> None:
         old = self.timer()
@@ -274,28 +306,59 @@ class _Sweep:
         except TypeError:  # a loop whose handles cannot be weakly referenced: the old one fires
             self.timer = _no_timer
 
+    def admit(self, now: float) -> None:
+        """The batch's visit: its requests still running get their deadline and their watch."""
+        batch, self.batch = self.batch, []
+        watch_at = max(self.opened + SWEEP_EVERY, now) + WATCH_AFTER  # each started by ``now``
+        self.opened, self.by, self.limit = math.inf, -math.inf, _BATCH
+        offset = now - _stats.monotonic()  # askonce's clock to the loop's
+        watch: list[_Exchange | None] = []
+        for exchange in batch:
+            if exchange.running:
+                deadline = exchange.arrival.deadline
+                if exchange.timed and exchange.entry is None and deadline is not None:
+                    exchange.entry = self.push(exchange, deadline + offset)
+                if exchange.wants:
+                    exchange.wants = False
+                    exchange.place = (watch, len(watch))  # emptied if it ends first
+                    watch.append(exchange)
+        if watch:
+            self.due.append((watch_at, watch))
+
     def visit(self, loop: asyncio.AbstractEventLoop) -> None:
         self.at, self.timer = math.inf, _no_timer
         heap, due, now = self.deadlines, self.due, loop.time()
         try:
+            if self.opened + SWEEP_EVERY <= now:
+                self.admit(now)
             while heap and heap[0][0] <= now:
                 exchange = heapq.heappop(heap)[2]
                 if exchange is not None:
-                    self.live -= 1
                     exchange.entry = None
                     exchange.cancel("deadline")
             while due and due[0][0] <= now:
-                exchange = due.popleft()[2]
-                if exchange is not None:
-                    exchange.due = None
-                    exchange.visited(loop)
+                for exchange in due.popleft()[1]:
+                    if exchange is not None:
+                        exchange.place = None
+                        exchange.visited(loop)
+            if self.poll_at <= now:
+                polled, self.polled = self.polled, []
+                self.poll_at = math.inf
+                for exchange in polled:
+                    if exchange.running:
+                        exchange.polled(loop)
         finally:  # whatever happened to one request, the others are still visited
             while heap and heap[0][2] is None:
                 heapq.heappop(heap)
-            at = min(heap[0][0] if heap else math.inf,
+            if self.polled and self.poll_at == math.inf:
+                self.poll_at = now + POLL_EVERY
+            at = min(heap[0][0] if heap else math.inf, self.opened + SWEEP_EVERY, self.poll_at,
                      max(due[0][0], now + SWEEP_EVERY) if due else math.inf)
             if at < self.at:
                 self.arm(at, loop)
+
+
+_BATCH = 256
 
 
 def _no_timer() -> None:
@@ -314,6 +377,36 @@ def _sweep_of(loop: asyncio.AbstractEventLoop) -> _Sweep:
         return sweep
 
 
+# The servers whose ``receive`` is a method of a request object with a disconnect flag: uvicorn's
+# request cycles (h11 and httptools) set ``disconnected`` when the connection is lost, which they
+# notice while they read the socket (the request's body fully received, reading not paused).
+_POLLABLE_MODULES = frozenset({"uvicorn.protocols.http.h11_impl",
+                               "uvicorn.protocols.http.httptools_impl"})
+_pollable_types: dict[type, bool] = {}
+
+
+def _pollable(receive: Receive) -> Any:
+    """The request object whose disconnect flag says what ``receive`` would, or ``None``."""
+    owner = getattr(receive, "__self__", None)
+    if owner is None:
+        return None
+    kind = type(owner)
+    known = _pollable_types.get(kind)
+    if known is None:
+        known = (kind.__module__ in _POLLABLE_MODULES and kind.__name__ == "RequestResponseCycle"
+                 and getattr(receive, "__name__", None) == "receive")
+        if len(_pollable_types) < 64:
+            _pollable_types[kind] = known
+    if not known:
+        return None
+    try:
+        ready = (owner.more_body is False and type(owner.disconnected) is bool
+                 and owner.flow.read_paused is False)
+    except AttributeError:  # another version of the server: read through a watcher task
+        return None
+    return owner if ready else None
+
+
 class _Exchange:
     """One request while the app runs: the wrapped send and receive, and the cancellation.
 
@@ -323,13 +416,15 @@ class _Exchange:
     started = completed = running = gone = only_ours = False
     status = 0  # the status the app started its response with
     reading = deferred = False
+    wants = False  # to be watched for a disconnect once the sweep takes it in
     reason: str | None = None
     replaced: Answer | None = None
     task: asyncio.Task[Any] | None = None
     sweep: _Sweep | None = None
     entry: list[Any] | None = None  # its entry in the sweep's heap (the deadline)
-    due: list[Any] | None = None  # its entry in the sweep's queue (the disconnect watch)
+    place: tuple[list[_Exchange | None], int] | None = None  # its place in a batch of ``due``
     timed = False  # a propagated deadline cancels it
+    owner: Any = None  # the server's request object whose disconnect flag the sweep reads
     pump: asyncio.Task[None] | None = None
     queue: asyncio.Queue[Message] | None = None
 
@@ -348,21 +443,24 @@ class _Exchange:
             return receive
         loop = task.get_loop()
         self.sweep = sweep = mw.sweep(loop)
-        if mw.cancel_on_disconnect:  # first: its visit is the sooner one, so the timer is set once
+        sweep.enter(self, loop)
+        if mw.cancel_on_disconnect:
             receive = self.app_receive
             if expect:
                 self.deferred = True  # the watcher is armed after the app's first read
             else:
-                self.due = sweep.add_watch(self, loop)
+                self.wants = True
         deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
         if deadline is not None:
             self.timed = True
-            self.entry = sweep.add_deadline(self, deadline, loop)
+            sweep.live += 1
+            if deadline < sweep.by:  # before the batch's visit: into the heap now
+                self.entry = sweep.add_deadline(self, deadline, loop)
         return receive
 
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The sweep came by: a running request to watch gets its disconnect watcher."""
-        if self.running and self.watched():
+        """The sweep came by: a running request to watch gets its disconnect watch."""
+        if self.watched():
             self.watch(loop)
 
     def watched(self) -> bool:
@@ -375,14 +473,20 @@ class _Exchange:
         """Stop watching; True if the only cancellation the task received was ours."""
         if self.running:
             self.running = False
-            entry, due = self.entry, self.due
-            if entry is not None:
-                self.entry = None
-                assert self.sweep is not None
-                self.sweep.ended(entry)
-            if due is not None:
-                self.due = None
-                due[2] = None
+            sweep = self.sweep
+            if sweep is not None:
+                batch = sweep.batch
+                if batch and batch[-1] is self:
+                    batch.pop()
+                if self.timed:
+                    sweep.live -= 1
+                entry, place = self.entry, self.place
+                if entry is not None:
+                    self.entry = None
+                    sweep.ended(entry)
+                if place is not None:
+                    self.place = None
+                    place[0][place[1]] = None
             if self.pump is not None:
                 self.pump.cancel()
             if self.reason is not None and self.task is not None:
@@ -434,14 +538,44 @@ class _Exchange:
             self.completed = True
         await self.send_(message)
 
-    # --- receive: once the request has run a while, read ahead one message to see a disconnect ---
+    # --- receive: once the request has run a while, watch for a disconnect ----------------------
 
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        if not self.running or self.completed or self.pump is not None:
+        if not self.running or self.completed or self.pump is not None or self.owner is not None:
             return
-        if self.reading:  # the app is in receive() itself and will hear of a disconnect first-hand
-            self.due = self.mw.sweep(loop).add_watch(self, loop)
+        sweep = self.sweep
+        assert sweep is not None
+        owner = _pollable(self.receive_)
+        if owner is not None:  # the server's own flag, read by the sweep: no task
+            self.owner = owner
+            sweep.poll(self, loop)
+        elif self.reading:  # the app is in receive() and will hear of a disconnect first-hand
+            self.wants = True
+            sweep.enter(self, loop)
+        else:
+            self.pump_(loop)
+
+    def polled(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The sweep read the server's disconnect flag."""
+        if self.completed:
             return
+        owner = self.owner
+        try:
+            gone, paused = owner.disconnected is True, owner.flow.read_paused is not False
+        except AttributeError:
+            gone, paused = False, True
+        if gone and not self.reading:  # reading, the app hears of it first-hand
+            self.gone = True
+            self.cancel("disconnect")
+        elif paused and not gone and not self.reading:  # the server no longer reads the socket
+            self.owner = None
+            self.pump_(loop)
+        else:
+            assert self.sweep is not None
+            self.sweep.poll(self, loop)
+
+    def pump_(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A watcher task that reads ``receive`` ahead of the app, through a one-message buffer."""
         self.queue = asyncio.Queue(maxsize=1)
         self.pump = loop.create_task(self._pump(self.queue))
 
@@ -462,7 +596,7 @@ class _Exchange:
 
     async def app_receive(self) -> Message:
         queue = self.queue
-        if queue is None:  # no watcher yet: straight through
+        if queue is None:  # no watcher task: straight through
             self.reading = True
             try:
                 message = await self.receive_()
@@ -471,8 +605,9 @@ class _Exchange:
             if self.deferred:
                 self.deferred = False
                 if self.running:
-                    loop = asyncio.get_running_loop()
-                    self.due = self.mw.sweep(loop).add_watch(self, loop)
+                    assert self.sweep is not None
+                    self.wants = True
+                    self.sweep.enter(self, asyncio.get_running_loop())
             return message
         if self.gone and queue.empty():
             return {"type": "http.disconnect"}
