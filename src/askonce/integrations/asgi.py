@@ -47,6 +47,7 @@ import contextvars
 import heapq
 import itertools
 import math
+import sys
 import threading
 import weakref
 from collections import deque
@@ -81,6 +82,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _QUESTION = b"askonce-question"
 _REPLY = b"askonce-reply"
+_REPLY_LEN = len(_REPLY)
 _EXPECT = b"expect"
 _MAX_DEPTH = 8  # mounts and wrapping middlewares followed when looking for the route table
 WATCH_AFTER = 0.05  # seconds before a running request's disconnect watcher starts
@@ -136,7 +138,9 @@ class AskonceASGIMiddleware:
             edge_secret=edge_secret, trust=trust, concurrency=concurrency,
         ))  # fmt: skip
         self.cancel_on_disconnect = cancel_on_disconnect
+        self._shed = shed_deadline
         self._timed = shed_deadline or cancel_on_disconnect
+        self._route = self.route  # bound once: every request passes it
         # (loop ref, its sweep)
         self._sweep: tuple[Callable[[], object], _Sweep | None] = (lambda: None, None)
 
@@ -152,7 +156,7 @@ class AskonceASGIMiddleware:
             elif k == _EXPECT and v.lower() == b"100-continue":
                 expect = True
         server = self.server
-        arrival = server.open(values, scope, self.route)
+        arrival = server.open(values, scope, self._route)
         ex = None
         try:
             if arrival.answer is not None:
@@ -249,11 +253,16 @@ class _Sweep:
         """Take ``exchange`` in at the next visit of the batch."""
         batch = self.batch
         batch.append(exchange)
-        if self.opened == math.inf:
+        if self.opened == _INF:
             self.open(loop)
-        elif len(batch) > self.limit:  # a loop that starts requests without ever turning
-            batch[:] = [e for e in batch if e.running]
-            self.limit = 2 * len(batch) + _BATCH
+        elif len(batch) > self.limit:
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop the batch's ended requests: a loop that starts requests without ever turning."""
+        batch = self.batch
+        batch[:] = [e for e in batch if e.running]
+        self.limit = 2 * len(batch) + _BATCH
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
@@ -359,6 +368,11 @@ class _Sweep:
 
 
 _BATCH = 256
+_INF = math.inf
+_running_loop = asyncio._get_running_loop  # public as get_running_loop, which raises without one
+# Python 3.11's asyncio.current_task(loop) is this dictionary's get(loop), in Python (3.12: C).
+_CURRENT_TASKS: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = (
+    getattr(asyncio.tasks, "_current_tasks", None) if sys.version_info < (3, 12) else None)
 
 
 def _no_timer() -> None:
@@ -438,24 +452,36 @@ class _Exchange:
     def start(self, expect: bool) -> Receive:
         """Arrange the deadline or the disconnect watch; the ``receive`` to give the app."""
         mw, receive = self.mw, self.receive_
-        self.task = task = asyncio.current_task()
+        loop = _running_loop()
+        if loop is None:
+            return receive
+        self.task = task = (asyncio.current_task(loop) if _CURRENT_TASKS is None
+                            else _CURRENT_TASKS.get(loop))
         if task is None:
             return receive
-        loop = task.get_loop()
-        self.sweep = sweep = mw.sweep(loop)
-        sweep.enter(self, loop)
+        ref, sweep = mw._sweep
+        if ref() is not loop or sweep is None:
+            sweep = mw.sweep(loop)
+        self.sweep = sweep
+        batch = sweep.batch  # Sweep.enter, spelled out: every request comes here
+        batch.append(self)
+        if sweep.opened == _INF:
+            sweep.open(loop)
+        elif len(batch) > sweep.limit:
+            sweep.compact()
         if mw.cancel_on_disconnect:
             receive = self.app_receive
             if expect:
                 self.deferred = True  # the watcher is armed after the app's first read
             else:
                 self.wants = True
-        deadline = self.arrival.deadline if mw.server.options.shed_deadline else None
-        if deadline is not None:
-            self.timed = True
-            sweep.live += 1
-            if deadline < sweep.by:  # before the batch's visit: into the heap now
-                self.entry = sweep.add_deadline(self, deadline, loop)
+        if mw._shed:
+            deadline = self.arrival.deadline
+            if deadline is not None:
+                self.timed = True
+                sweep.live += 1
+                if deadline < sweep.by:  # before the batch's visit: into the heap now
+                    self.entry = sweep.add_deadline(self, deadline, loop)
         return receive
 
     def visited(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -480,10 +506,11 @@ class _Exchange:
                     batch.pop()
                 if self.timed:
                     sweep.live -= 1
-                entry, place = self.entry, self.place
-                if entry is not None:
-                    self.entry = None
-                    sweep.ended(entry)
+                    entry = self.entry
+                    if entry is not None:
+                        self.entry = None
+                        sweep.ended(entry)
+                place = self.place
                 if place is not None:
                     self.place = None
                     place[0][place[1]] = None
@@ -515,7 +542,10 @@ class _Exchange:
         kind = message["type"]
         if kind == "http.response.start":
             arrival = self.arrival
-            self.status = status = int(message.get("status", 200))
+            status = message.get("status", 200)
+            if type(status) is not int:
+                status = int(status)
+            self.status = status
             if status >= 500 and arrival.noted is not None:
                 answer = self.mw.server.failure(arrival, arrival.noted)
                 if answer is not None:
@@ -529,7 +559,7 @@ class _Exchange:
                 headers = list(headers)  # an iterable that could be read only once
                 message = {**message, "headers": headers}
             for k, _ in headers:
-                if k.lower() == _REPLY:
+                if len(k) == _REPLY_LEN and k.lower() == _REPLY:  # other names: not lowered
                     break
             else:
                 message = {**message, "headers": [*headers, (_REPLY, arrival.reply_bytes())]}
