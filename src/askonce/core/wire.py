@@ -276,9 +276,16 @@ def parse_frame(text: str | bytes, now: float, limits: Limits = Limits()) -> Fra
     :class:`Question` in between, which the hot path of a server middleware never needs
     (``tests/core/test_wire_caches.py``).
     """
-    decoded = _ascii(text)
-    if isinstance(decoded, Malformed):
-        return decoded
+    if type(text) is bytes and len(text) <= MAX_HEADER_CHARS:  # _ascii, spelled out
+        try:
+            decoded = text.decode("ascii")
+        except UnicodeDecodeError:
+            return Malformed("not-ascii")
+    else:
+        ascii_ = _ascii(text)
+        if isinstance(ascii_, Malformed):
+            return ascii_
+        decoded = ascii_
     if len(decoded) <= MAX_HEADER_CHARS:
         fields = _canonical(decoded, now, limits)
         if fields is not None:
