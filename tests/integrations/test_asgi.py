@@ -863,3 +863,87 @@ async def test_at_a_joining_layer_a_request_with_a_deadline_is_watched_unless_ot
     gate.open.set()
     await task
     assert ex.sent[0]["status"] == 200
+
+
+async def test_many_slow_requests_each_end_at_their_own_deadline_and_leave_nothing_behind() -> None:
+    import random
+
+    from askonce.integrations.asgi import _sweeps
+
+    loop = asyncio.get_running_loop()
+    scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+    mw = AskonceASGIMiddleware(Gate(), layer="api")
+    deadlines = [100 + 2 * i for i in range(150)]  # ms; some before the sweep's first visit
+    random.Random(7).shuffle(deadlines)
+    ended: list[float] = []  # each request's deadline on the loop's clock, in the order they ended
+
+    async def one(deadline_ms: int) -> None:
+        ex = Exchange(question(deadline_ms=deadline_ms))
+        started = loop.time()
+        await mw(*_args(ex))
+        assert ex.sent[0]["status"] == 503
+        assert (REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+        assert loop.time() - started >= deadline_ms / 1000 - 0.005  # not before its deadline
+        ended.append(started + deadline_ms / 1000)
+
+    tasks_before = len(asyncio.all_tasks())
+    await asyncio.wait_for(asyncio.gather(*(one(ms) for ms in deadlines), *(
+        one(ms) for ms in (1, 3, 5))), 30)  # and three due before the batch is taken in
+    assert sorted(ended) == ended  # each at its own deadline, in their order (their starts vary)
+    assert len(ended) == 153
+    sweep = _sweeps[loop]
+    assert sweep.live == 0 and not sweep.deadlines and not sweep.polled
+    assert not sweep.batch or not any(ex.running for ex in sweep.batch)
+    assert all(ex is None for _, batch in sweep.due for ex in batch)
+    assert len(asyncio.all_tasks()) == tasks_before  # no watcher task was started
+    assert len(loop._scheduled) <= scheduled + 1  # type: ignore[attr-defined]  # the sweep's timer
+
+
+def test_under_uvicorn_a_disconnect_among_many_cancels_only_its_own_handler_with_no_watcher_task() -> None:
+    # With no deadline sent, every request is watched for a disconnect; under uvicorn the sweep reads
+    # the server's own flag, so no request gets a task reading receive() for it.
+    probe = Probe()
+    app = FastAPI()
+
+    @app.get("/hold")
+    async def hold(id: str) -> str:
+        probe.event(f"{id}.started").set()
+        try:
+            for i in range(500):  # 10 s at most
+                await asyncio.sleep(0.02)
+                if i == 10:  # past WATCH_AFTER: each request is watched by now
+                    probe.seen[id] = sum(1 for t in asyncio.all_tasks()
+                                         if getattr(t.get_coro(), "__qualname__", "").endswith("_pump"))
+                if probe.event("release").is_set():
+                    break
+        except asyncio.CancelledError:
+            probe.event(f"{id}.cancelled").set()
+            raise
+        probe.calls["done"] += 1
+        return "done"
+
+    app.add_middleware(AskonceASGIMiddleware, layer="api")
+    before = askonce.stats().get("server.cancelled.disconnect", 0)
+    with running(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
+        try:
+            for i, sock in enumerate(socks):
+                sock.sendall(f"GET /hold?id=r{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            for i in range(5):
+                assert probe.event(f"r{i}.started").wait(10)
+            deadline = time.monotonic() + 10
+            while len(probe.seen) < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            socks[2].close()  # this one's client goes away
+            assert probe.event("r2.cancelled").wait(10)
+            probe.event("release").set()
+            for i in (0, 1, 3, 4):
+                assert socks[i].recv(4096).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in socks:
+                sock.close()
+    assert probe.calls["done"] == 4
+    assert not any(probe.event(f"r{i}.cancelled").is_set() for i in (0, 1, 3, 4))
+    assert probe.seen == {f"r{i}": 0 for i in range(5)}  # no watcher task for any of them
+    assert askonce.stats()["server.cancelled.disconnect"] == before + 1
