@@ -435,9 +435,10 @@ async def _count(port: int, n: int) -> None:
     await asyncio.gather(*(one() for _ in range(CONNECTIONS)))
 
 
-def _server_run(kind: str, n: int) -> dict[str, int]:
+def _server_run(kind: str, n: int, src: str | None = None) -> dict[str, int]:
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}
     proc = subprocess.Popen([*VALGRIND, sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
     for _ in range(600):  # uvicorn under valgrind takes seconds to start listening
@@ -466,16 +467,25 @@ def _client_run(kind: str, url: str, n: int) -> dict[str, int]:
     return _cachegrind(done.stderr)
 
 
-def instructions(small: int = 200, large: int = 700) -> int:
-    """Instructions (and simulated cache misses) per request: a run of ``large`` minus one of ``small``."""
+def instructions(small: int = 200, large: int = 700, compare: str | None = None,
+                 kinds: list[str] | None = None) -> int:
+    """Instructions (and simulated cache misses) per request: a run of ``large`` minus one of ``small``.
+
+    ``compare``: also the askonce servers with askonce from this source tree (rows ``<kind>@compare``);
+    ``kinds``: only these cases (``server:bare``, ``client:bound``, ...; default all)."""
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
     bare = Server("bare")
     url = f"http://127.0.0.1:{bare.port}/"
     jobs = {**{("server", k): functools.partial(_server_run, k) for k in (*SERVERS, *references())},
+            **{("server", f"{k}@compare"): functools.partial(_server_run, k, src=compare)
+               for k in SERVERS if "askonce" in k and compare is not None},
             **{("client", k): functools.partial(_client_run, k, url)
                for k in ("bare", "header", "bound", "minted", *client_references())}}
+    if kinds:
+        jobs = {job: run for job, run in jobs.items()
+                if f"{job[0]}:{job[1]}" in kinds or f"{job[0]}:{job[1].split('@')[0]}" in kinds}
     try:
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             runs = {(job, n): pool.submit(run, n) for job, run in jobs.items() for n in (small, large)}
@@ -492,6 +502,8 @@ def instructions(small: int = 200, large: int = 700) -> int:
     print("| process | instructions | vs base | est. cycles | vs base |\n|---|---:|---:|---:|---:|")
     for (side, kind), v in per.items():
         base = (side, "fastapi" if kind.startswith("fastapi") else "bare")
+        if base not in per:
+            base = (side, kind)
         same = (side, kind) == base
         print(f"| {side}: {kind} | {v['ir']:,.0f} | {'' if same else pct(v['ir'], per[base]['ir'])} | "
               f"{est[(side, kind)]:,.0f} | {'' if same else pct(est[(side, kind)], est[base])} |")
@@ -598,6 +610,8 @@ if __name__ == "__main__":
     ap.add_argument("--instructions", action="store_true", help="instructions per request under valgrind")
     ap.add_argument("--compare", metavar="SRC", help="also serve the middleware from this source tree (e.g. a "
                     "checkout's src/), interleaved in the same rounds: before/after under the same noise")
+    ap.add_argument("--kinds", metavar="LIST", help="with --instructions: only these cases, e.g. "
+                    "server:bare,server:askonce,server:ref-correlation-id")
     ap.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     ROUNDS = args.rounds
@@ -606,7 +620,7 @@ if __name__ == "__main__":
     elif args.client:
         client_calls(args.client[0], int(args.client[1]), args.client[2])
     elif args.instructions:
-        sys.exit(instructions())
+        sys.exit(instructions(compare=args.compare, kinds=args.kinds.split(",") if args.kinds else None))
     elif args.profile:
         profile()
     else:
