@@ -35,6 +35,7 @@ and prints where their time goes.
     python bench/bench_integrations.py --rounds 9 --pin
     python bench/bench_integrations.py --compare /path/to/other/checkout/src   # before/after, same rounds
     python bench/bench_integrations.py --instructions
+    python bench/bench_integrations.py --instructions --in-process --compare /path/to/other/checkout/src
     python bench/bench_integrations.py --profile
 """
 
@@ -510,6 +511,60 @@ def instructions(small: int = 200, large: int = 700, compare: str | None = None,
     return 0
 
 
+INPROCESS = {"bare": lambda: hello, "passthrough": lambda: passthrough(hello),
+             "askonce": lambda: AskonceASGIMiddleware(hello, layer="bench"),
+             "askonce-no-timers": lambda: AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
+                                                                shed_deadline=False),
+             **{ref: functools.partial(wrap, hello) for ref, (_, wrap) in REFERENCES.items()}}
+
+
+def asgi_loop(kind: str, n: int) -> None:
+    """Child process: ``n`` in-process calls of one ASGI app (no sockets), as ``--profile`` makes them."""
+    app = INPROCESS[kind]()
+    scope = {"type": "http", "method": "GET", "path": "/", "http_version": "1.1", "scheme": "http",
+             "query_string": b"", "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"bench"),
+                         (b"x-request-id", REQUEST_ID.encode()), (b"traceparent", TRACEPARENT.encode()),
+                         (b"askonce-question", QUESTION.encode())]}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        return None
+
+    async def calls() -> None:
+        for _ in range(n):
+            await app(scope, receive, send)
+
+    asyncio.run(calls())
+
+
+def instructions_in_process(small: int = 200, large: int = 2200, compare: str | None = None) -> int:
+    """Instructions per in-process ASGI call (cachegrind, ``large`` calls minus ``small``), peers beside."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(kind: str, n: int, src: str | None) -> int:
+        env = None if src is None else {**os.environ, "PYTHONPATH": src}
+        done = subprocess.run([*VALGRIND, sys.executable, __file__, "--asgi-loop", kind, str(n)], capture_output=True,
+                              text=True, timeout=600, check=True, env=env)
+        return _cachegrind(done.stderr)["ir"]
+
+    kinds = [(k, None) for k in INPROCESS if k in ("bare", "passthrough", "askonce", "askonce-no-timers")
+             or k in references()]
+    kinds += [(k, compare) for k in ("askonce", "askonce-no-timers") if compare is not None]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        runs = {(k, src, n): pool.submit(run, k, n, src) for k, src in kinds for n in (small, large)}
+        per = {(k, src): (runs[(k, src, large)].result() - runs[(k, src, small)].result()) / (large - small)
+               for k, src in kinds}
+    bare = per[("bare", None)]
+    print(f"| in-process ASGI call ({large} minus {small}) | instructions | over bare |\n|---|---:|---:|")
+    for (k, src), v in per.items():
+        name, over = k if src is None else f"{k} from {src}", "" if k == "bare" else f"{v - bare:+,.0f}"
+        print(f"| {name} | {v:,.0f} | {over} |")
+    return 0
+
+
 # --- where the time goes --------------------------------------------------------------------------------
 
 
@@ -612,6 +667,9 @@ if __name__ == "__main__":
                     "checkout's src/), interleaved in the same rounds: before/after under the same noise")
     ap.add_argument("--kinds", metavar="LIST", help="with --instructions: only these cases, e.g. "
                     "server:bare,server:askonce,server:ref-correlation-id")
+    ap.add_argument("--in-process", action="store_true", help="with --instructions: in-process ASGI calls "
+                    "(no sockets) instead of the loopback servers")
+    ap.add_argument("--asgi-loop", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     ROUNDS = args.rounds
@@ -619,6 +677,10 @@ if __name__ == "__main__":
         serve(args.serve, args.pin)
     elif args.client:
         client_calls(args.client[0], int(args.client[1]), args.client[2])
+    elif args.asgi_loop:
+        asgi_loop(args.asgi_loop[0], int(args.asgi_loop[1]))
+    elif args.instructions and args.in_process:
+        sys.exit(instructions_in_process(compare=args.compare))
     elif args.instructions:
         sys.exit(instructions(compare=args.compare, kinds=args.kinds.split(",") if args.kinds else None))
     elif args.profile:

@@ -20,19 +20,27 @@ disconnect only when nothing says when its caller stops listening: it has no pro
 (none arrived, it was minted here, or ``shed_deadline=False``), or this layer joins (``asgi_join``:
 toward a joining callee the clients send the question's whole time, longer than they wait) and the
 request is not a run that others may join (which a disconnect never cancels). Such a request, once
-it has run ``WATCH_AFTER`` seconds, gets a watcher task that reads ``receive`` for the app,
-through a one-message buffer, so it sees ``http.disconnect`` while the app works; quicker requests
-never pay for the task. With ``Expect: 100-continue`` the watcher waits until the app has read
-once, so the app still decides whether the body is sent. A caller with a deadline that goes away
-earlier for another reason leaves its handler running until that deadline at most.
+it has run ``WATCH_AFTER`` seconds, is watched; quicker requests never pay for it. Under uvicorn
+(its h11 and httptools request cycles, whose ``receive`` says ``http.disconnect`` once the cycle's
+``disconnected`` flag is set) the sweep below reads that flag, at most every ``POLL_EVERY``
+seconds, while the server still reads the socket (the body fully received, reading not paused):
+no task. Otherwise (another server, a body still coming, a receive wrapped by an outer
+middleware) a watcher task reads ``receive`` for the app, through a one-message buffer, so it sees
+``http.disconnect`` while the app works. With ``Expect: 100-continue`` the watch waits until the
+app has read once, so the app still decides whether the body is sent. A caller with a deadline
+that goes away earlier for another reason leaves its handler running until that deadline at most.
 
 Neither needs a timer per request: the running requests of an event loop are visited by one timer
-(``_Sweep``). Those with a deadline wait in a heap ordered by deadline, the timer set for the
-earliest, so the deadline is kept to the same instant as with a timer per request; a request that
-ends empties its entry, which is dropped when it comes first (or when empty entries outnumber the
-others). Every request waits in a queue in arrival order too, visited at most every
-``SWEEP_EVERY`` seconds: one still running ``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY``
-seconds after it started gets its watcher, if it is to be watched (above).
+(``_Sweep``). A request joins the loop's current batch (a list append); the batch is taken in
+``SWEEP_EVERY`` seconds after it opened, and only its requests still running then get anything
+more: those with a deadline a place in a heap ordered by deadline (a deadline due before that
+visit goes into the heap at once), the timer set for the earliest, so the deadline is kept to the
+same instant as with a timer per request; those to be watched a place in a queue visited
+``WATCH_AFTER`` later (``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after each
+started). A request that ends empties its entries (and leaves the batch if it is its last), which
+are dropped when they come first (or when empty entries outnumber the others). A request quicker
+than ``SWEEP_EVERY`` costs an append and a pop; the cost of a slow one does not grow with its
+latency, apart from the flag read at each visit.
 
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
 cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the
