@@ -872,10 +872,18 @@ async def test_many_slow_requests_each_end_at_their_own_deadline_and_leave_nothi
 
     loop = asyncio.get_running_loop()
     scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
-    mw = AskonceASGIMiddleware(Gate(), layer="api")
-    deadlines = [100 + 2 * i for i in range(150)]  # ms; some before the sweep's first visit
+    gate = Gate()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        frame = askonce._context.current_frame()
+        assert frame is not None
+        scope["deadline"] = frame[0].deadline  # as the middleware read it, on askonce's clock
+        await gate(scope, receive, send)
+
+    mw = AskonceASGIMiddleware(app, layer="api")
+    deadlines = [100 + 2 * i for i in range(150)]  # ms
     random.Random(7).shuffle(deadlines)
-    ended: list[float] = []  # each request's deadline on the loop's clock, in the order they ended
+    ended: list[float] = []  # each request's deadline, in the order they ended
 
     async def one(deadline_ms: int) -> None:
         ex = Exchange(question(deadline_ms=deadline_ms))
@@ -884,13 +892,14 @@ async def test_many_slow_requests_each_end_at_their_own_deadline_and_leave_nothi
         assert ex.sent[0]["status"] == 503
         assert (REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
         assert loop.time() - started >= deadline_ms / 1000 - 0.005  # not before its deadline
-        ended.append(started + deadline_ms / 1000)
+        if "deadline" in ex.scope:  # else refused on arrival (past its deadline on a busy machine)
+            ended.append(ex.scope["deadline"])
 
     tasks_before = len(asyncio.all_tasks())
     await asyncio.wait_for(asyncio.gather(*(one(ms) for ms in deadlines), *(
         one(ms) for ms in (1, 3, 5))), 30)  # and three due before the batch is taken in
-    assert sorted(ended) == ended  # each at its own deadline, in their order (their starts vary)
-    assert len(ended) == 153
+    assert sorted(ended) == ended  # each at its own deadline, in their order
+    assert len(ended) >= 150
     sweep = _sweeps[loop]
     assert sweep.live == 0 and not sweep.deadlines and not sweep.polled
     assert not sweep.batch or not any(ex.running for ex in sweep.batch)

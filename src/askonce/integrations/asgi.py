@@ -95,7 +95,7 @@ _EXPECT = b"expect"
 _MAX_DEPTH = 8  # mounts and wrapping middlewares followed when looking for the route table
 WATCH_AFTER = 0.05  # seconds before a running request's disconnect watcher starts
 SWEEP_EVERY = 0.01  # the most often the running requests of one event loop are visited
-POLL_EVERY = 0.02  # the most often a server's disconnect flag is read for a watched request
+POLL_EVERY = 0.05  # the most often a server's disconnect flag is read for a watched request
 
 
 class AskonceASGIMiddleware:
@@ -361,9 +361,18 @@ class _Sweep:
             if self.poll_at <= now:
                 polled, self.polled = self.polled, []
                 self.poll_at = math.inf
+                keep = self.polled
                 for exchange in polled:
-                    if exchange.running:
-                        exchange.polled(loop)
+                    if exchange.running and not exchange.completed:
+                        owner = exchange.owner
+                        try:  # the usual case read here; the others in Exchange.polled
+                            quiet = owner.disconnected is False and owner.flow.read_paused is False
+                        except AttributeError:
+                            quiet = False
+                        if quiet:
+                            keep.append(exchange)
+                        else:
+                            exchange.polled(loop)
         finally:  # whatever happened to one request, the others are still visited
             while heap and heap[0][2] is None:
                 heapq.heappop(heap)
