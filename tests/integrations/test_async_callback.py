@@ -498,3 +498,51 @@ async def test_end_to_end_without_askonce_the_same_stack_times_out_and_multiplie
             await asyncio.sleep(0.05)  # the middles still trying after the edge left
     assert answered == 0  # no answer within any 1 s timeout
     assert runs["q1"] >= 3  # one question, the target's 5 s of work begun again and again
+
+
+# --- the receiver's table, in-process (its ASGI app called directly) ---------------------------
+
+
+async def _deliver(receiver: CallbackReceiver, key: str, body: bytes = b"hi") -> int:
+    from askonce.core.callback import sign
+
+    headers = {**sign(SECRET, key, "/loc", 200, "text/plain", int(time.time()), body),
+               "content-type": "text/plain"}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/hooks/x",
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    await receiver(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+async def test_an_acknowledged_callback_survives_a_waiter_that_timed_out_in_the_same_turn() -> None:
+    receiver, key = CallbackReceiver(SECRET), new_key()
+    waiter = asyncio.ensure_future(receiver.answer(key, 0.05))
+    await asyncio.sleep(0)  # registered
+    time.sleep(0.1)  # the loop is busy past the waiter's timeout; the callback comes now
+    assert await _deliver(receiver, key) == 204
+    with contextlib.suppress(TimeoutError):
+        await waiter
+    # Whether that waiter got it or timed out, the sender was told 204: the answer is not lost.
+    if waiter.cancelled() or waiter.exception() is not None:
+        assert (await receiver.answer(key, 1.0)).body == b"hi"
+
+
+async def test_a_long_waiter_does_not_keep_expired_answers_from_being_evicted() -> None:
+    receiver = CallbackReceiver(SECRET, max_pending=3, keep=0.1)
+    waiting = asyncio.ensure_future(receiver.answer(new_key(), 5.0))
+    await asyncio.sleep(0)
+    assert await _deliver(receiver, new_key()) == 204  # nobody asks for these two
+    assert await _deliver(receiver, new_key()) == 204
+    await asyncio.sleep(0.3)  # past keep
+    assert await _deliver(receiver, new_key()) == 204  # room made past the waiter
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting

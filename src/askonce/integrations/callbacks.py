@@ -173,8 +173,19 @@ async def adeliver(hooks: Hooks, url: str, key: str, location: str,
         await asyncio.sleep(DELAYS[min(tries, len(DELAYS)) - 1])
 
 
+def _tls() -> ssl.SSLContext:
+    """One client context for every delivery: making one reads the CA store from disk."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = ssl.create_default_context()
+    return _CONTEXT
+
+
+_CONTEXT: ssl.SSLContext | None = None
+
+
 async def _apost(host: str, port: int, tls: bool, data: bytes) -> int:
-    context = ssl.create_default_context() if tls else None
+    context = _tls() if tls else None
     reader, writer = await asyncio.open_connection(host, port, ssl=context)
     try:
         writer.write(data)
@@ -202,8 +213,7 @@ def deliver(hooks: Hooks, url: str, key: str, location: str, answer: Answer | No
 
 def _post(host: str, port: int, tls: bool, data: bytes) -> int:
     with socket.create_connection((host, port), timeout=TRY_TIMEOUT) as raw:
-        sock = ssl.create_default_context().wrap_socket(raw, server_hostname=host) if tls \
-            else raw
+        sock = _tls().wrap_socket(raw, server_hostname=host) if tls else raw
         with sock, sock.makefile("rb") as f:
             sock.sendall(data)
             return _status(f.readline(65536))
@@ -321,6 +331,10 @@ class CallbackReceiver:
             if old.waiters or now - old.born <= self.keep:
                 break
             del self._slots[old_key]
+        if len(self._slots) >= self.max_pending:  # full: past a waiter, too (bounded scan)
+            for old_key in [k for k, old in self._slots.items()
+                            if not old.waiters and now - old.born > self.keep]:
+                del self._slots[old_key]
         if len(self._slots) >= self.max_pending:
             return None
         slot = self._slots[key] = _Slot(now)
@@ -339,7 +353,8 @@ class CallbackReceiver:
             waiters, slot.waiters = slot.waiters, []
             if not waiters:
                 return True  # kept for an answer() to come
-            del self._slots[got.key]  # taken by those who wait
+            # Kept in the slot as well until a waiter has it: one whose timeout fires in the same
+            # turn as this hand-over must not lose an answer the sender was told was received.
         for loop, future in waiters:
             loop.call_soon_threadsafe(_set, future, got)
         return True
@@ -360,14 +375,19 @@ class CallbackReceiver:
             slot.waiters.append((loop, future))
         try:
             async with asyncio.timeout(timeout):
-                return await future
-        finally:
+                got = await future
+        except BaseException:
             with self._lock:
                 if (loop, future) in slot.waiters:
                     slot.waiters.remove((loop, future))
                     if not slot.waiters and slot.answer is None \
                             and self._slots.get(key) is slot:
                         del self._slots[key]
+            raise
+        with self._lock:
+            if self._slots.get(key) is slot and not slot.waiters:
+                del self._slots[key]  # taken
+        return got
 
 
 def _set(future: asyncio.Future[Callback], got: Callback) -> None:
