@@ -93,7 +93,9 @@ def test_callback_urls_are_normalised_and_what_could_escape_a_prefix_is_refused(
     for bad in ("ftp://127.0.0.1:8001/hooks/", "http://127.0.0.1:8001@evil/hooks/",
                 "http://127.0.0.1:8001/hooks/../admin", "http://127.0.0.1:8001/hooks/%2e%2e/x",
                 "http://127.0.0.1:8001/hooks/ x", "/hooks/a", "http://127.0.0.1:99999/",
-                "http://127.0.0.1:8001/hooks/#f", "http://127.0.0.1:8001/hooks/\u00e9", "x" * 3000):
+                "http://127.0.0.1:8001/hooks/#f", "http://127.0.0.1:8001/hooks/\u00e9", "x" * 3000,
+                "http://127.0.0.1:8001/hooks/..;/admin", "http://127.0.0.1:8001/hooks/%3b/x",
+                "http://127.0.0.1:8001/hooks/a,http://127.0.0.1:8001/hooks/b"):
         url = callback_url(bad)
         assert url is None or not allowed(url, hooks), bad
     for other in ("http://127.0.0.1:8002/hooks/a", "http://127.0.0.1:8001/hooksx",

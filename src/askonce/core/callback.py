@@ -80,7 +80,9 @@ class CallbackError(ValueError):
 def callback_url(raw: str) -> str | None:
     """``raw`` as a callback URL the server could POST to, normalised (scheme and host lower
     case, the port written out), or ``None``: not absolute http(s), a user name or fragment,
-    dot segments, spaces or control characters, not ASCII, or longer than ``MAX_URL``."""
+    dot segments, path parameters or commas (``/hooks/..;/admin`` escapes ``/hooks/`` on a servlet
+    container; a comma is how a server joins repeated header lines), spaces or control
+    characters, not ASCII, or longer than ``MAX_URL``."""
     if not isinstance(raw, str) or not 0 < len(raw) <= MAX_URL or not _TOKEN.fullmatch(raw):
         return None
     try:
@@ -95,8 +97,9 @@ def callback_url(raw: str) -> str | None:
     path = parts.path or "/"
     if not path.startswith("/"):
         return None
-    segments = unquote(path).split("/")
-    if "." in segments or ".." in segments:
+    decoded = unquote(path)
+    segments = decoded.split("/")
+    if "." in segments or ".." in segments or ";" in decoded or "," in decoded:
         return None
     port = port if port is not None else (443 if scheme == "https" else 80)
     where = f"[{host}]" if ":" in host else host

@@ -16,7 +16,9 @@ Failure of the store is not failure of the service. Clients built from a URL get
 (50 ms) connect and read timeouts and no client-side retries; on any error the operation is answered
 by a local in-memory bucket or breaker for the same target, seeded from the shared state this
 handle last saw and on a 1/N share of the fleet (``core.fallback``: an open breaker stays open
-until the shared ``retry_at``, then probes every ``N * open_for``; a bucket keeps 1/N of the level
+until the shared ``retry_at``, first probes at a random point of the ``(N - 1) * open_for`` after
+it (so N processes seeded alike do not probe together), then every ``N * open_for``; a bucket
+keeps 1/N of the level
 seen and refills at ``floor / N``), N being the stores Redis last counted sharing the state (a
 members sorted set beside it, ``...:m``, written by the scripts when a handle passes its member
 id, at most every ``HEARTBEAT`` seconds) or ``fleet_size`` if larger. What the local state learns
