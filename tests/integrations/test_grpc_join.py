@@ -252,7 +252,10 @@ def test_concurrent_calls_of_one_question_run_the_handler_once_and_all_get_its_a
     key, n = new_key(), 6
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         got = list(pool.map(lambda _: plain(callee.url, "Slow", key=key), range(n)))
-    late = plain(callee.url, "Slow", key=key)
+    for _ in range(50):  # once the run is marked done (a moment after its answer), a replay
+        late = plain(callee.url, "Slow", key=key)
+        if late.joined == "replay":
+            break
     assert callee.work.runs["Slow", key] == 1
     assert [a.code for a in got] == [Code.OK] * n and {a.body for a in got} == {b"answer to q"}
     # One ran; the others joined it (those that came after it ended got it replayed).
@@ -272,14 +275,18 @@ def test_a_kept_error_is_replayed_with_its_details_and_trailing_metadata(callee:
     for a in (first, again):
         assert (a.code, a.details, a.trailing.get("x-why")) == (Code.NOT_FOUND, "no such order",
                                                                 "gone")
-    assert (first.joined, again.joined) == (None, "replay") and again.reply.joins
+    # The second call comes after the first's answer, and may still find its run finishing (on a
+    # loaded machine the answer reaches the caller before the run is marked done): either way
+    # joined, never run again.
+    assert first.joined is None and again.joined in ("wait", "replay") and again.reply.joins
 
 
 def test_a_status_set_without_raising_is_kept_and_replayed(callee: Callee) -> None:
     key = new_key()
     first, again = (plain(callee.url, "Lazy", key=key) for _ in range(2))
     assert [(a.code, a.details) for a in (first, again)] == [(Code.NOT_FOUND, "not yet")] * 2
-    assert (first.joined, again.joined) == (None, "replay") and callee.work.runs["Lazy", key] == 1
+    assert first.joined is None and again.joined in ("wait", "replay")  # (see above)
+    assert callee.work.runs["Lazy", key] == 1
 
 
 def test_messages_are_compared_and_kept_serialized_with_the_methods_own_codecs(
@@ -288,7 +295,7 @@ def test_messages_are_compared_and_kept_serialized_with_the_methods_own_codecs(
     first, again = (plain(callee.url, "Double", b"21", key=key) for _ in range(2))
     other = plain(callee.url, "Double", b"22", key=key)
     unreadable = plain(callee.url, "Double", b"twenty", key=new_key())
-    assert (first.body, again.body, again.joined) == (b"42", b"42", "replay")
+    assert (first.body, again.body) == (b"42", b"42") and again.joined in ("wait", "replay")
     assert other.code == Code.FAILED_PRECONDITION and callee.work.runs["Double", key] == 1
     # What gRPC itself answers for a request its deserializer refuses; the handler never runs.
     assert (unreadable.code, unreadable.details) == (Code.INTERNAL,
@@ -366,7 +373,8 @@ def test_another_principals_question_is_never_replayed(kind: str) -> None:
     finally:
         c.close()
     assert c.work.runs["Quick", key] == 2  # one run per principal
-    assert [a.joined for a in got.values()] == [None, None] and again.joined == "replay"
+    assert [a.joined for a in got.values()] == [None, None]
+    assert again.joined in ("wait", "replay")  # alice's own answer, joined (not run again)
 
 
 @pytest.mark.parametrize("kind", ["sync", "aio"])
