@@ -26,10 +26,15 @@ from urllib.parse import urljoin, urlsplit
 
 from askonce import _stats
 from askonce.client.policy import read_reply
-from askonce.core.wire import Reply, format_reply
+from askonce.core.wire import QUESTION_HEADER, Reply, format_reply
 
-__all__ = ["JOINED_HEADER", "MARGIN", "MAX_POLLS", "MAX_WAIT", "Done", "Follow", "Lost", "Poll",
-           "accepted", "decide", "first_poll", "prefer", "settled_reply"]
+# A poll repeats the request's own headers (the same principal), but those of its body, its
+# question (a poll is no arrival of it) and its preference.
+NOT_POLLED = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding",
+                        "expect", "prefer", QUESTION_HEADER})
+
+__all__ = ["JOINED_HEADER", "MARGIN", "MAX_POLLS", "MAX_WAIT", "NOT_POLLED", "Done", "Follow",
+           "Lost", "Poll", "accepted", "decide", "first_poll", "prefer", "settled_reply"]
 
 RESPOND_ASYNC = "respond-async"
 JOINED_HEADER = "askonce-joined"  # on a kept answer: "replay"; never on a 202 that says "running"

@@ -70,6 +70,12 @@ def step(verdict: Verdict, found: bool, rejoin: bool, later: bool, room: bool) -
     return Step.REPLAY
 
 
+def wait_left(deadline: float | None) -> float:
+    """Seconds a waiter may wait for a run: its question's time left, at most ``MAX_WAIT``."""
+    return MAX_WAIT if deadline is None else max(0.0, min(MAX_WAIT,
+                                                          deadline - _stats.monotonic()))
+
+
 class Run:
     """The shell's slot on a join entry: how its waiters are woken, and the run's account."""
 

@@ -52,7 +52,6 @@ from askonce.integrations._join import (
     CONFLICT,
     JOINED_HEADER,
     MAX_REARRIVALS,
-    MAX_WAIT,
     REFUSED,
     Joining,
     Run,
@@ -65,6 +64,7 @@ from askonce.integrations._join import (
     principal_of,
     ran,
     step,
+    wait_left,
 )
 from askonce.integrations._join_async import (
     STATUS_PATH,
@@ -268,7 +268,7 @@ class JoinASGIMiddleware(Joining):
                 return
             if todo is Step.WAIT:
                 try:
-                    answer = await store.await_answer(key, _left(tab.deadline), self.policy)
+                    answer = await store.await_answer(key, wait_left(tab.deadline), self.policy)
                 except BaseException:
                     answered_by_run()
                     raise
@@ -308,7 +308,7 @@ class JoinASGIMiddleware(Joining):
         assert store is not None
 
         async def watch() -> None:
-            answer = await store.await_answer(key, _left(deadline), self.policy)
+            answer = await store.await_answer(key, wait_left(deadline), self.policy)
             self._deliver(hook, key, scope, None if answer is store.TIMED_OUT else answer)
 
         task = asyncio.get_running_loop().create_task(watch())
@@ -330,7 +330,7 @@ class JoinASGIMiddleware(Joining):
 
         async def background() -> None:
             try:
-                async with asyncio.timeout(_left(deadline)):  # (wait_for: see stores.aredis)
+                async with asyncio.timeout(wait_left(deadline)):  # (wait_for: see stores.aredis)
                     await run(receive, sink)
             except Exception:  # the run's own failure is its answer's business: none is kept
                 _stats.count("server.join.async.failed")
@@ -476,9 +476,8 @@ async def _wait(entry: Entry, deadline: float | None) -> Answer | None:
     run = entry.signal
     if not isinstance(run, Run) or not isinstance(run.wake, asyncio.Event):
         return None
-    left = MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
     try:
-        async with asyncio.timeout(min(left, MAX_WAIT)):
+        async with asyncio.timeout(wait_left(deadline)):
             await run.wake.wait()
     except TimeoutError:
         return Answer(503, (), b"")  # the outer middleware answers a passed deadline itself
@@ -493,8 +492,4 @@ async def _send(send: Send, answer: Answer, joined: bytes | None) -> None:
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})
 
-
-def _left(deadline: float | None) -> float:
-    return MAX_WAIT if deadline is None else min(MAX_WAIT,
-                                                 max(0.0, deadline - _stats.monotonic()))
 

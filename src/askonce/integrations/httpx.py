@@ -37,7 +37,7 @@ from askonce.client import (
     judge_reply,
     reply_from,
 )
-from askonce.client.asyncmode import prefer
+from askonce.client.asyncmode import NOT_POLLED, prefer
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
 
@@ -49,8 +49,6 @@ _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 _NO_TIMEOUTS: dict[str, Any] = {}
 # Not sent with a poll of a status location (``respond_async``): the body's, the question's, the
 # preference's (the poll's own is written).
-_NOT_POLLED = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding",
-                         "expect", "prefer", QUESTION_HEADER})
 
 # Never reached the server: no connection, or no free connection in the pool.
 _REFUSED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -142,7 +140,7 @@ class _Attempts:
     def polling(self, url: str, wait: str | None, timeout: float) -> httpx.Request:
         """A GET of the status location with the request's own headers (its principal's)."""
         headers = httpx.Headers([(k, v) for k, v in self.request.headers.multi_items()
-                                 if k.lower() not in _NOT_POLLED])
+                                 if k.lower() not in NOT_POLLED])
         if wait is not None:
             headers["prefer"] = wait
         return httpx.Request("GET", url, headers=headers,

@@ -37,7 +37,7 @@ from askonce.client import (
     is_idempotent,
     judge_http,
 )
-from askonce.client.asyncmode import prefer
+from askonce.client.asyncmode import NOT_POLLED, prefer
 from askonce.core import is_real
 from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.stores.base import AsyncStore, Store
@@ -49,8 +49,6 @@ _PORTS = {"http": 80, "https": 443}
 
 # Not sent with a poll of a status location (``respond_async``): the body's, the question's, the
 # preference's (the poll's own is written).
-_NOT_POLLED = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding",
-                         "expect", "prefer", QUESTION_HEADER})
 
 # And urllib3's Timeout, untyped in requests.
 TimeoutArg = float | tuple[float | None, float | None] | None
@@ -169,7 +167,7 @@ class _Exchange:
         """A GET of the status location with the request's own headers (its principal's); the
         answer is returned as the request's (``response.request``, ``response.url``)."""
         poll = requests.PreparedRequest()
-        headers = {k: v for k, v in self.request.headers.items() if k.lower() not in _NOT_POLLED}
+        headers = {k: v for k, v in self.request.headers.items() if k.lower() not in NOT_POLLED}
         if wait is not None:
             headers["Prefer"] = wait
         poll.prepare(method="GET", url=url, headers=headers)

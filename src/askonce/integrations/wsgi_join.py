@@ -42,7 +42,6 @@ from askonce.integrations._join import (
     CONFLICT,
     JOINED_HEADER,
     MAX_REARRIVALS,
-    MAX_WAIT,
     REFUSED,
     Joining,
     Run,
@@ -54,6 +53,7 @@ from askonce.integrations._join import (
     principal_of,
     ran,
     step,
+    wait_left,
 )
 from askonce.integrations._join_async import (
     MAX_LONG_POLL,
@@ -203,7 +203,7 @@ class JoinWSGIMiddleware(Joining):
                     store.unwait()
                 return self._accepted(environ, start_response, key)
             if todo is Step.WAIT:
-                answer = store.wait(key, _left(tab.deadline), self.policy)
+                answer = store.wait(key, wait_left(tab.deadline), self.policy)
                 if answer is None:
                     continue  # the run ended without an answer, or its holder died
                 return _send(start_response, answer, "wait")
@@ -312,7 +312,7 @@ class JoinWSGIMiddleware(Joining):
         takes the store's waiter slot the arrival took)."""
         store = self.store
         assert store is not None
-        answer = store.wait(key, _left(deadline), self.policy)
+        answer = store.wait(key, wait_left(deadline), self.policy)
         where = str(environ.get("SCRIPT_NAME", "")) + location(self.status_path, key)
         if self._hooks is not None:
             deliver(self._hooks, hook, key[2], where,
@@ -381,10 +381,6 @@ def _lines(value: object) -> list[str]:
     """A request header as WSGI gives it (its lines joined by commas), as a list of one."""
     return [value] if isinstance(value, str) and value else []
 
-
-def _left(deadline: float | None) -> float:
-    return MAX_WAIT if deadline is None else max(0.0, min(MAX_WAIT,
-                                                          deadline - _stats.monotonic()))
 
 
 class _Streamed:
@@ -478,8 +474,7 @@ def _wait(entry: Entry, deadline: float | None) -> Answer | None:
     run = entry.signal
     if not isinstance(run, Run) or not isinstance(run.wake, threading.Event):
         return None
-    left = MAX_WAIT if deadline is None else max(0.0, deadline - _stats.monotonic())
-    if not run.wake.wait(min(left, MAX_WAIT)):
+    if not run.wake.wait(wait_left(deadline)):
         return Answer(503, (), b"")  # the waiter's own deadline passed
     return entry.answer
 
