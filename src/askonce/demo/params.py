@@ -267,7 +267,7 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
     if type(budget) is not int or not 0 <= budget <= 10:
         raise ValueError(f"budget must be an integer within 0..10, got {budget!r}")
     q = quick
-    before, cut, after = (0.8, 2.0, 1.5) if q else (1.5, 10.0, 5.5)
+    before, cut, after = (0.8, 2.0, 1.5) if q else (1.5, 10.0, 8.5)
     out = {
         "outage": Scenario(
             "outage", rate=20.0, duration=0.8 if q else 1.5,
