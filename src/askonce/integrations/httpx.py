@@ -63,6 +63,47 @@ def default_target(request: httpx.Request) -> str:
     return f"{url.scheme}://{url.host}:{url.port or _PORTS.get(url.scheme, 0)}"
 
 
+# httpx keeps headers as (raw key, lowercased key, value) triples; for a plain ``httpx.Headers``
+# the two askonce headers are read and written there directly, as ``get_list`` and
+# ``__setitem__`` would (without working out the headers' encoding first).
+_QUESTION_KEY = QUESTION_HEADER.encode("ascii")
+_REPLY_KEY = REPLY_HEADER.encode("ascii")
+
+
+def _set_question(headers: httpx.Headers, value: str) -> None:
+    """``headers[QUESTION_HEADER] = value``: the first such header replaced, any other dropped."""
+    if type(headers) is not httpx.Headers:
+        headers[QUESTION_HEADER] = value
+        return
+    items = headers._list
+    item = (_QUESTION_KEY, _QUESTION_KEY, value.encode(headers._encoding or "utf-8"))
+    found = -1
+    for i, (_, key, _) in enumerate(items):
+        if key == _QUESTION_KEY:
+            if found < 0:
+                found = i
+            else:  # a repeated header (never sent by askonce itself): the general path
+                headers[QUESTION_HEADER] = value
+                return
+    if found < 0:
+        items.append(item)
+    else:
+        items[found] = item
+
+
+def _replies(headers: httpx.Headers) -> list[str]:
+    """``headers.get_list(REPLY_HEADER)``: the ``askonce-reply`` values, decoded."""
+    if type(headers) is not httpx.Headers:
+        return headers.get_list(REPLY_HEADER)
+    values = [v for _, key, v in headers._list if key == _REPLY_KEY]
+    if not values:
+        return []
+    try:  # ASCII (any valid reply) reads the same in each encoding httpx may settle on
+        return [v.decode("ascii") for v in values]
+    except UnicodeDecodeError:
+        return headers.get_list(REPLY_HEADER)
+
+
 def _judge_error(error: Exception) -> Outcome | None:
     if isinstance(error, _REFUSED):
         return REFUSED_OUTCOME
@@ -96,7 +137,7 @@ class _Attempts:
 
     def prepare(self, header: str, limit: float | None) -> httpx.Request:
         request = self.request
-        request.headers[QUESTION_HEADER] = header
+        _set_question(request.headers, header)
         if limit is not None:
             given = self._timeouts
             # The usual case, seconds of timeout in a question with longer to run: as it came.
@@ -115,8 +156,8 @@ class _Attempts:
 
     def judge(self, response: httpx.Response) -> Outcome:
         headers = response.headers
-        return judge_reply(self._policy, response.status_code,
-                           reply_from(headers.get_list(REPLY_HEADER)), headers)
+        return judge_reply(self._policy, response.status_code, reply_from(_replies(headers)),
+                           headers)
 
     def judge_error(self, error: Exception) -> Outcome | None:
         return _judge_error(error)
