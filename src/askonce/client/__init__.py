@@ -121,6 +121,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 DEFAULT_POLICY = ClientPolicy()
+HANDLES = 256  # admission handles a Caller keeps (Caller._admission); past it, the store is asked
 
 # --- the integration's side of one call -----------------------------------------------------------
 
@@ -312,7 +313,7 @@ class _Call:
             breaker = caller._breakers(self.target, policy.breaker)
         if (admission is None and caller._admissions is not None
                 and policy.admission is not None):
-            admission = caller._admissions(self.target, policy.admission)
+            admission = caller._admission(self.target)
         loop = steps(state, clock=caller.clock, random=caller.random, bucket=self.bucket,
                      breaker=breaker, end=_end, first=first, discard=exchange.discard,
                      admission=admission)
@@ -349,9 +350,9 @@ class Caller:
     configured).
     """
 
-    __slots__ = ("_admissions", "_breakers", "_first", "_follows", "_guarded", "_hedge_hop",
-                 "_hedgers", "_joiners", "_policies", "_sleep", "clock", "per_target", "policy",
-                 "random", "store")
+    __slots__ = ("_admissions", "_breakers", "_first", "_follows", "_guarded", "_handles",
+                 "_handles_lock", "_handles_seen", "_hedge_hop", "_hedgers", "_joiners", "_owner",
+                 "_policies", "_sleep", "clock", "per_target", "policy", "random", "store")
 
     def __init__(
         self,
@@ -392,6 +393,15 @@ class Caller:
         if policy.admission is not None:
             # A store of your own without admission handles: this process's memory store's.
             self._admissions = admissions_of(self.store)
+        # The admission handles a memory store gave this Caller, by target (the policy is the
+        # Caller's own), so that a call does not hash the policy to look its handle up again: at
+        # most HANDLES of them, all dropped once the store has evicted any handle since.
+        owner: Any = getattr(self._admissions, "__self__", None)
+        self._owner = owner
+        self._handles: dict[str, AdmissionHandle] | None = (
+            {} if type(getattr(owner, "_evicted", None)) is int else None)
+        self._handles_seen: int = 0 if self._handles is None else owner._evicted
+        self._handles_lock = threading.Lock()
         # A breaker is asked about every attempt as an IO step, the first too: no fast path then.
         self._guarded = self._breakers is not None
         # Indexed by idempotency; a RetryPolicy(idempotent=False) makes every call unsafe.
@@ -406,6 +416,25 @@ class Caller:
                            or policy.admission is not None or policy.rejoin
                            or policy.hedge is not None)
 
+    def _admission(self, target: str) -> AdmissionHandle:
+        """The admission handle of ``target`` (``_admissions``), from this Caller's own cache when
+        it can be (a memory store's, none evicted since it was kept)."""
+        handles, owner = self._handles, self._owner
+        if handles is None:
+            return cast(Callable[[str, AdmissionPolicy], AdmissionHandle], self._admissions)(
+                target, cast(AdmissionPolicy, self.policy.admission))
+        if owner._evicted != self._handles_seen:
+            with self._handles_lock:
+                handles.clear()
+                self._handles_seen = owner._evicted
+        handle = handles.get(target)
+        if handle is None:
+            handle = owner.admission(target, self.policy.admission)
+            with self._handles_lock:  # kept only if the store has evicted nothing since the clear
+                if owner._evicted == self._handles_seen and len(handles) < HANDLES:
+                    handles[target] = handle
+        return handle
+
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
                idempotent: bool,
                hedging: bool = False) -> tuple[_Call, float | None, int, str] | _Call:
@@ -417,7 +446,7 @@ class Caller:
         if self._guarded or not fits(self.policy.retry, call.tab.deadline, now):
             return call  # the loop from the start: breaker and admission, or the give-up, decide
         if self._admissions is not None:
-            admission = self._admissions(target, self.policy.admission)  # type: ignore[arg-type]
+            admission = self._admission(target)
             if not admission.admit(now, self.random()):
                 call.admission = REFUSE  # the loop gives the refusal up
                 return call

@@ -292,6 +292,8 @@ class MemoryStore:
         self._buckets: OrderedDict[tuple[str, BucketPolicy], BucketHandle] = OrderedDict()
         self._breakers: OrderedDict[tuple[str, BreakerPolicy], BreakerHandle] = OrderedDict()
         self._admissions: OrderedDict[tuple[str, AdmissionPolicy], AdmissionHandle] = OrderedDict()
+        # Evictions so far: a Caller that keeps the handles it was given drops them when it moves.
+        self._evicted = 0
 
     def bucket(self, target: str, policy: BucketPolicy) -> BucketHandle:
         key = (target, policy)
@@ -323,6 +325,7 @@ class MemoryStore:
                 handle = table[key] = make()
                 if len(table) > self._max:
                     evict(table, self._clock(), "store.memory")
+                    self._evicted += 1
             return handle
 
 
