@@ -171,7 +171,10 @@ def _end(state: RetryState, action: GiveUp, last: Tried | None, retry_at: float 
 
 
 def _answered(exchange: Exchange[R] | AsyncExchange[R], response: R, call: _Call) -> Tried:
-    outcome = exchange.judge(response)
+    return _judged(exchange.judge(response), response, call)
+
+
+def _judged(outcome: Outcome, response: Any, call: _Call) -> Tried:
     failure = outcome.failure
     if call.joiners is not None:
         call.joiners.heard(call.target, outcome.reply)
@@ -193,6 +196,19 @@ def _raised(exchange: Exchange[R] | AsyncExchange[R], exc: BaseException, call: 
     if failure is not None and failure.delivery == LOST and call.joins:
         failure = replace(failure, joinable=True)
     return Tried(failure, outcome.health, outcome.reply, ANSWERED, error=exc)
+
+
+def _first_answered(caller: Caller, call: _Call, outcome: Outcome, held: int) -> bool:
+    """The fast first attempt's outcome, when it is the answer (``True``): heard, told to the
+    admission controller and settled, as ``_answered``, ``_heard`` and ``on_success`` would."""
+    if outcome.failure is not None:
+        return False
+    if call.joiners is not None:
+        call.joiners.heard(call.target, outcome.reply)
+    if call.admission is not None and outcome.health is not None:
+        call.admission.record(caller.clock(), success=outcome.health)
+    settle(call.tab.account, held, ANSWERED, outcome.reply)
+    return True
 
 
 def _heard(caller: Caller, call: _Call, tried: Tried) -> None:
@@ -335,6 +351,11 @@ class _Call:
             return Tried(Failure(retryable=False), None, error=exc, fatal=True)
 
 
+# What Caller._start sets up: the call, and its first attempt's limit, held budget and header (no
+# header: the loop makes every attempt).
+_Started = tuple[_Call, float | None, int, str | None]
+
+
 def _no_block(exc: BaseException) -> Tried:  # a Caller reports its attempts; it never runs a block
     raise AssertionError("askonce: a client attempt is reported, not run as a block") from exc
 
@@ -436,20 +457,20 @@ class Caller:
         return handle
 
     def _start(self, exchange: Exchange[R] | AsyncExchange[R], target: str,
-               idempotent: bool,
-               hedging: bool = False) -> tuple[_Call, float | None, int, str] | _Call:
+               idempotent: bool, hedging: bool = False) -> _Started:
         """Set a call up; with the fast path open, also the first attempt's limit, held budget and
-        header. ``hedging``: the shell can race a hedge (async); if this call may hedge now, one
-        is reserved for it before the first attempt holds the rest (``call.race``)."""
+        header (``None``: the loop from the start). ``hedging``: the shell can race a hedge
+        (async); if this call may hedge now, one is reserved for it before the first attempt holds
+        the rest (``call.race``)."""
         now = self.clock()
         call = _Call(self, exchange, target, idempotent, now)
         if self._guarded or not fits(self.policy.retry, call.tab.deadline, now):
-            return call  # the loop from the start: breaker and admission, or the give-up, decide
+            return call, None, 0, None  # the loop: breaker and admission, or the give-up, decide
         if self._admissions is not None:
             admission = self._admission(target)
             if not admission.admit(now, self.random()):
                 call.admission = REFUSE  # the loop gives the refusal up
-                return call
+                return call, None, 0, None
             call.admission = admission
         limit = call.limit(self.policy, now)
         forwarded, call.sent = attempt_window(limit, self.policy.deadline_grace,
@@ -475,12 +496,10 @@ class Caller:
             raise
         return call, limit, held, header
 
-    def _following(self, started: tuple[_Call, float | None, int, str] | _Call, exchange: Any,
-                   sleep: Callable[[float], object],
+    def _following(self, call: _Call, exchange: Any, sleep: Callable[[float], object],
                    twin: type[Following[Any]] | type[AsyncFollowing[Any]]) -> Any:
         """The call's exchange, wrapped to follow a 202 to its answer when it asks for async
         mode (``ClientPolicy.respond_async``), else as it is."""
-        call = started if type(started) is _Call else cast(tuple[_Call, Any, Any, Any], started)[0]
         if not call.follows:
             return exchange
         call.exchange = twin(exchange, call.tab.deadline, self.policy.attempt_timeout, self.clock,
@@ -490,14 +509,11 @@ class Caller:
     def call(self, exchange: Exchange[R], *, target: str, idempotent: bool = True) -> R:
         """Run one call to ``target`` (its bucket and breaker key) until answered or given up."""
         sleep = self._sleep or time.sleep
-        started = self._start(exchange, target, idempotent)
-        held, first, response = 0, None, None
+        call, limit, held, header = self._start(exchange, target, idempotent)
+        first, response = None, None
         if self._follows:
-            exchange = self._following(started, exchange, sleep, Following)
-        if type(started) is _Call:
-            call = started
-        else:
-            call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
+            exchange = self._following(call, exchange, sleep, Following)
+        if header is not None:
             try:
                 response = exchange.send(header, limit)
             except BaseException as exc:
@@ -506,11 +522,11 @@ class Caller:
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
-                first = _answered(exchange, response, call)
-                _heard(self, call, first)
-                if first.failure is None:
-                    settle(call.tab.account, held, ANSWERED, first.reply)  # as on_success settles
+                outcome = exchange.judge(response)
+                if _first_answered(self, call, outcome, held):
                     return response
+                first = _judged(outcome, response, call)
+                _heard(self, call, first)
         state, run = call.loop(self, held, first, sleep)
         for attempt in run:
             sent = call.header(self, state, attempt)
@@ -534,14 +550,13 @@ class Caller:
         import asyncio  # only for async clients: `import askonce.client` stays asyncio-free
 
         sleep = self._sleep or asyncio.sleep
-        started = self._start(exchange, target, idempotent, hedging=True)
-        held, first, response, tries = 0, None, None, 1
+        call, limit, held, header = self._start(exchange, target, idempotent, hedging=True)
+        first, response, tries = None, None, 1
         if self._follows:
-            exchange = self._following(started, exchange, sleep, AsyncFollowing)
-        if type(started) is _Call:
-            call = started
-        elif (race_ := cast(tuple[_Call, float | None, int, str], started)[0].race) is not None:
-            call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
+            exchange = self._following(call, exchange, sleep, AsyncFollowing)
+        if header is None:
+            pass  # the loop from the start
+        elif (race_ := call.race) is not None:
             first, held = await self._hedged(call, race_, exchange, limit, header)
             response = first.response
             if first.fatal:
@@ -551,7 +566,6 @@ class Caller:
                 return cast(R, first.response)
             tries = 2 if race_.fired else 1
         else:
-            call, limit, held, header = cast(tuple[_Call, float | None, int, str], started)
             try:
                 response = await exchange.send(header, limit)
             except BaseException as exc:
@@ -560,11 +574,11 @@ class Caller:
                 if first.fatal:
                     raise  # sent and lost (fail closed): what was held stays spent
             else:
-                first = _answered(exchange, response, call)
-                _heard(self, call, first)
-                if first.failure is None:
-                    settle(call.tab.account, held, ANSWERED, first.reply)
+                outcome = exchange.judge(response)
+                if _first_answered(self, call, outcome, held):
                     return response
+                first = _judged(outcome, response, call)
+                _heard(self, call, first)
         state, run = call.loop(self, held, first, sleep, tries)
         async for attempt in run:
             sent = call.header(self, state, attempt)
