@@ -89,3 +89,23 @@ def test_a_store_of_its_own_is_asked_for_the_handle_on_every_call() -> None:
         caller.call(Answers(), target="a")
     assert store.asked == 3
     assert store.handles["a"].snapshot()["requests"] == 3
+
+
+class Counting(MemoryStore):
+    """A memory store whose ``admission`` is its own: the Caller must not keep its handles."""
+
+    def __init__(self) -> None:
+        super().__init__(frozen)
+        self.asked = 0
+
+    def admission(self, target: str, policy: AdmissionPolicy) -> AdmissionHandle:
+        self.asked += 1
+        return super().admission(target, policy)
+
+
+def test_a_memory_store_that_overrides_admission_is_asked_on_every_call() -> None:
+    store = Counting()
+    caller = Caller(POLICY, store=store, clock=frozen)
+    for _ in range(3):
+        caller.call(Answers(), target="a")
+    assert store.asked == 3

@@ -39,7 +39,7 @@ class Spy(httpx.Headers):
 
 
 @pytest.mark.parametrize("items", HEADER_LISTS)
-@pytest.mark.parametrize("encoding", [None, "latin-1"])
+@pytest.mark.parametrize("encoding", [None, "latin-1", "utf-16"])
 def test_the_question_is_written_as_setitem_writes_it(items: list[tuple[Any, Any]],
                                                       encoding: str | None) -> None:
     value = "k=abc, o=edge, b=2, d=2500, p=(edge/1)"
@@ -70,8 +70,13 @@ REPLY_LISTS: list[list[tuple[Any, Any]]] = [
 
 
 @pytest.mark.parametrize("items", REPLY_LISTS)
-def test_the_replies_are_read_as_get_list_reads_them(items: list[tuple[Any, Any]]) -> None:
-    assert ah._replies(httpx.Headers(items)) == httpx.Headers(items).get_list(REPLY_HEADER)
+@pytest.mark.parametrize("encoding", [None, "latin-1", "utf-16"])
+def test_the_replies_are_read_as_get_list_reads_them(items: list[tuple[Any, Any]],
+                                                     encoding: str | None) -> None:
+    ours, theirs = httpx.Headers(items), httpx.Headers(items)
+    if encoding is not None:
+        ours.encoding = theirs.encoding = encoding
+    assert ah._replies(ours) == theirs.get_list(REPLY_HEADER)
 
 
 def test_a_headers_subclass_is_left_to_its_own_methods() -> None:
@@ -80,3 +85,30 @@ def test_a_headers_subclass_is_left_to_its_own_methods() -> None:
     assert ah._replies(headers) == ["v=1, b=2"]
     assert headers.used == ["set", "get_list"]
     assert headers[QUESTION_HEADER] == "k=1"
+
+
+def test_an_httpx_that_keeps_its_headers_otherwise_gets_the_public_methods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ah._direct()  # the httpx installed here keeps (raw, lowercased, value) triples
+    used: list[str] = []
+    setitem, get_list = httpx.Headers.__setitem__, httpx.Headers.get_list
+
+    def spy_set(self: httpx.Headers, key: str, value: str) -> None:
+        used.append("set")
+        setitem(self, key, value)
+
+    def spy_get(self: httpx.Headers, key: str, split_commas: bool = False) -> list[str]:
+        used.append("get_list")
+        return get_list(self, key, split_commas)
+
+    monkeypatch.setattr(httpx.Headers, "__setitem__", spy_set)
+    monkeypatch.setattr(httpx.Headers, "get_list", spy_get)
+    headers = httpx.Headers([("askonce-reply", "v=1, b=2")])
+    ah._set_question(headers, "k=1")
+    ah._replies(headers)
+    assert used == []  # the direct path
+    monkeypatch.setattr(ah, "_DIRECT", False)
+    ah._set_question(headers, "k=2")
+    assert ah._replies(headers) == ["v=1, b=2"]
+    assert used == ["set", "get_list"]
+    assert headers.get_list(QUESTION_HEADER) == ["k=2"]

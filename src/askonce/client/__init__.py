@@ -27,6 +27,7 @@ do-not-retry on even when the handler turned the downstream error into a respons
 from __future__ import annotations
 
 import random as _random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -416,12 +417,15 @@ class Caller:
             self._admissions = admissions_of(self.store)
         # The admission handles a memory store gave this Caller, by target (the policy is the
         # Caller's own), so that a call does not hash the policy to look its handle up again: at
-        # most HANDLES of them, all dropped once the store has evicted any handle since.
+        # most HANDLES of them, all dropped once the store has evicted any handle since. Only the
+        # memory store's own ``admission`` (a subclass that overrides it is asked every time).
         owner: Any = getattr(self._admissions, "__self__", None)
+        memory: Any = sys.modules.get("askonce.stores.memory")  # loaded if owner is one
+        keeps = (memory is not None and isinstance(owner, memory.MemoryStore)
+                 and type(owner).admission is memory.MemoryStore.admission)
         self._owner = owner
-        self._handles: dict[str, AdmissionHandle] | None = (
-            {} if type(getattr(owner, "_evicted", None)) is int else None)
-        self._handles_seen: int = 0 if self._handles is None else owner._evicted
+        self._handles: dict[str, AdmissionHandle] | None = {} if keeps else None
+        self._handles_seen: int = owner._evicted if keeps else 0
         self._handles_lock = threading.Lock()
         # A breaker is asked about every attempt as an IO step, the first too: no fast path then.
         self._guarded = self._breakers is not None
@@ -450,9 +454,10 @@ class Caller:
                 self._handles_seen = owner._evicted
         handle = handles.get(target)
         if handle is None:
+            seen = owner._evicted  # read before asking: an eviction meanwhile may have taken it
             handle = owner.admission(target, self.policy.admission)
-            with self._handles_lock:  # kept only if the store has evicted nothing since the clear
-                if owner._evicted == self._handles_seen and len(handles) < HANDLES:
+            with self._handles_lock:  # kept only if the store has evicted nothing since then
+                if owner._evicted == seen == self._handles_seen and len(handles) < HANDLES:
                     handles[target] = handle
         return handle
 

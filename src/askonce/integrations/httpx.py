@@ -70,9 +70,22 @@ _QUESTION_KEY = QUESTION_HEADER.encode("ascii")
 _REPLY_KEY = REPLY_HEADER.encode("ascii")
 
 
+def _direct() -> bool:
+    """Whether this httpx keeps its headers as this module expects (else: the public methods)."""
+    probe = httpx.Headers([("X-A", "b")])
+    items = getattr(probe, "_list", None)
+    return (hasattr(probe, "_encoding") and type(items) is list
+            and items == [(b"X-A", b"x-a", b"b")])
+
+
+_DIRECT = _direct()
+# Encodings in which ASCII reads and writes as ASCII (httpx's own choices and the usual settings).
+_PLAIN = frozenset({None, "ascii", "utf-8", "utf8", "latin-1", "latin1", "iso-8859-1"})
+
+
 def _set_question(headers: httpx.Headers, value: str) -> None:
     """``headers[QUESTION_HEADER] = value``: the first such header replaced, any other dropped."""
-    if type(headers) is not httpx.Headers:
+    if type(headers) is not httpx.Headers or not _DIRECT or headers._encoding not in _PLAIN:
         headers[QUESTION_HEADER] = value
         return
     items = headers._list
@@ -93,7 +106,7 @@ def _set_question(headers: httpx.Headers, value: str) -> None:
 
 def _replies(headers: httpx.Headers) -> list[str]:
     """``headers.get_list(REPLY_HEADER)``: the ``askonce-reply`` values, decoded."""
-    if type(headers) is not httpx.Headers:
+    if type(headers) is not httpx.Headers or not _DIRECT or headers._encoding not in _PLAIN:
         return headers.get_list(REPLY_HEADER)
     values = [v for _, key, v in headers._list if key == _REPLY_KEY]
     if not values:
