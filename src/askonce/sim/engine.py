@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
+from heapq import heappush
 from typing import Any
 
 Handler = Callable[[Any], None]
@@ -38,13 +39,12 @@ class Engine:
         """Call ``fn(arg)`` at virtual time ``when``, which must not be before ``now`` (the model
         only schedules ``now`` plus a delay; checking it here would cost every event a
         comparison)."""
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, fn, arg))
+        self._seq = seq = self._seq + 1
+        heappush(self._heap, (when, seq, fn, arg))
 
     def after(self, delay: float, fn: Handler, arg: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap,
-                       (self.now + delay if delay > 0 else self.now, self._seq, fn, arg))
+        self._seq = seq = self._seq + 1
+        heappush(self._heap, (self.now + delay if delay > 0 else self.now, seq, fn, arg))
 
     def run(self, until: float = math.inf) -> None:
         """Process events in time order until none is left or the next is later than ``until``."""

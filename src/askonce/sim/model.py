@@ -31,16 +31,19 @@ both give the same numbers).
 from __future__ import annotations
 
 import random
+from base64 import b32encode
 from collections import deque
 from collections.abc import Callable, Generator
+from functools import partial
+from typing import ClassVar
 
-from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, keep, steps
+from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, joined_try, keep, steps
 from askonce.core.admission import Admission
 from askonce.core.breaker import Breaker
 from askonce.core.bucket import TokenBucket
 from askonce.core.concurrency import OVER, TOO_LATE, Limiter
 from askonce.core.ledger import Ledger, LedgerPolicy
-from askonce.core.question import Account, Hop, Tab, mint_key
+from askonce.core.question import Account, Hop, Tab
 from askonce.core.retry import (
     ANSWERED,
     LOST,
@@ -65,6 +68,7 @@ from askonce.sim.engine import Engine
 from askonce.sim.hedging import Hedging
 from askonce.sim.world import Policy, Stats, World
 
+_new_tuple = tuple.__new__
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
@@ -72,6 +76,20 @@ _UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit 
 MAX_LONG_POLL = 30  # whole seconds a status poll may ask to be held (``Prefer: wait=N``)
 POLL_MARGIN = 0.2  # a poll asks to be held this much less than its caller would wait for it
 POLL_GAP = 1.0  # seconds between polls answered at once (the callee's ``Retry-After: 1``)
+
+
+# RFC 4648 base32 to Crockford's (``core.question``'s key alphabet), symbol by symbol.
+_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567",
+                             b"0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+_KEY_TIME_SHIFT = 130  # core.question: 26 random symbols after the 10 time symbols
+_KEY_TIME_MASK = (1 << 50) - 1
+
+
+def mint_key(now_ms: int, random16: bytes) -> str:
+    """``askonce.core.question.mint_key``, the same key, by the C base32 encoder: 180 bits in 25
+    bytes encode to 40 symbols, the first 4 of them zero bits (tests/sim/test_engine_speed.py)."""
+    bits = (max(0, now_ms) & _KEY_TIME_MASK) << _KEY_TIME_SHIFT | int.from_bytes(random16, "big")
+    return b32encode(bits.to_bytes(25, "big")).translate(_CROCKFORD)[4:].decode()
 
 
 class Asked:
@@ -92,14 +110,17 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "layer", "loop",
-                 "ok", "out", "parent", "path", "patience", "rejoin", "remaining", "reply", "sent",
-                 "started", "state", "tab", "waiting")  # fmt: skip
+    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "guard", "layer",
+                 "loop", "ok", "out", "parent", "path", "patience", "rejoin", "remaining", "reply",
+                 "sent", "started", "state", "tab", "waiting")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
     state: RetryState
-    loop: Generator[Step, object, Ended]  # the library's one loop of attempts over the state
+    # The library's one loop of attempts over the state; None while the first attempt is out
+    # without it (no breaker: ``_serve``).
+    loop: Generator[Step, object, Ended] | None
+    guard: Admission | None  # the hop's admission controller (None: none)
     sent: float  # when this hop sent its outstanding attempt
     deadline: float | None  # at the target: the propagated deadline on its clock
     started: float  # at the target: when the work began
@@ -177,6 +198,10 @@ class Sim:
     ``wire_text`` serialises every header for real; ``trace`` keeps each question's arrivals.
     """
 
+    # A hop without a breaker makes its first attempt without the loop; False: always the loop
+    # (the same run: tests/sim/test_fast_paths.py compares both).
+    first_without_loop: ClassVar[bool] = True
+
     def __init__(self, world: World, policy: Policy, seed: int = 1, *,
                  failures: Failures | None = None, wire_text: bool = False,
                  ledger: Ledger | None = None, trace: bool = False) -> None:
@@ -195,12 +220,16 @@ class Sim:
         self.layers = self._build()
         self._propagate, self._latency, self._timeout = (policy.propagate, world.latency,
                                                           world.timeout)
+        self._grace, self._limits = policy.grace, world.limits
         # Bound once: scheduling an event then allocates only its tuple.
         self._on_issue, self._on_arrive, self._on_reply = (self.on_issue, self.on_arrive,
                                                            self.on_reply)
         self._on_timeout, self._on_resume, self._on_done = (self.on_timeout, self.on_resume,
                                                             self.on_done)
-        self._clock: Callable[[], float] = lambda: self.engine.now
+        # The virtual clock and the draws as C-level callables: the loop calls them on every step.
+        self._clock: Callable[[], float] = partial(getattr, self.engine, "now")
+        self._random = self.rng.random
+        self._at = self.engine.at
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
         self._edge_rejoins = self._join and policy.edge_rejoins
@@ -270,9 +299,9 @@ class Sim:
         w, p, rng, now = self.world, self.policy, self.rng, self.engine.now
         gap = 1 / w.rate if w.even else rng.expovariate(w.rate)
         if now + gap < w.duration:
-            self.engine.at(now + gap, self._on_issue, n + 1)
+            self._at(now + gap, self._on_issue, n + 1)
         client = n % w.clients if w.even else int(rng.random() * w.clients)
-        key = mint_key(int(now * 1000), rng.randbytes(16))
+        key = mint_key(int(now * 1000), rng.randbytes(16))  # now >= 0
         q = Asked(key, client, now, now + w.deadline)
         self.stats.issue(now)
         if p.propagate:
@@ -294,7 +323,21 @@ class Sim:
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
-        c.loop = steps(state, clock=self._clock, random=self.rng.random, bucket=bucket,
+        c.guard = admission
+        if breaker is None and self.first_without_loop:
+            c.loop = None
+            # The first attempt without the loop, as the client's fast path makes it: the loop
+            # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.
+            action = state.start(now)
+            if type(action) is not Attempt:
+                self._finish(c, False, action.reply, now)  # type: ignore[union-attr]
+            elif (admission is not None and not state.rejoin
+                  and not admission.admit(now, self._random())):
+                self._finish(c, False, state.refused().reply, now)
+            else:
+                self._send(c, action, now)
+            return
+        c.loop = steps(state, clock=self._clock, random=self._random, bucket=bucket,
                        breaker=breaker, end=keep, admission=admission)
         self._drive(c, None, now)
 
@@ -320,7 +363,7 @@ class Sim:
         # Only the originator's own call has no parent, and it is never received.
         assert c.parent is not None
         sender = c.parent.tab
-        limits = self.world.limits
+        limits = self._limits
         if self.wire_text:
             text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining,
                                    c.path)
@@ -341,6 +384,21 @@ class Sim:
         """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
         resume, an attempt as a message; the loop's end answers this hop's caller."""
         loop = c.loop
+        if loop is None:  # the first attempt's outcome (``_serve``): ``value`` is its Tried
+            tried: Tried = value  # type: ignore[assignment]
+            admission = c.guard
+            if admission is not None and tried.health is not None and not joined_try(tried):
+                admission.record(now, success=tried.health)
+            if tried.failure is None:
+                self._finish(c, True, c.state.on_success(tried.reply, tried.delivery), now)
+                return
+            layer = c.layer
+            assert layer is not None
+            inst = c.asked.client if layer.per_client else 0
+            c.loop = loop = steps(c.state, clock=self._clock, random=self._random,
+                                  bucket=None if layer.buckets is None else layer.buckets[inst],
+                                  end=keep, first=tried, admission=admission)
+            value = None
         try:
             while True:
                 kind, what = loop.send(value)
@@ -365,30 +423,32 @@ class Sim:
         child = Call(c.asked, layer.nxt, c)
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
         # own, the question's deadline only (a transport's timeout it keeps).
-        rejoins = self._rejoins(c)
+        rejoins = self._join and (c.parent is not None or self._edge_rejoins)  # _rejoins(c)
         timeout = None if rejoins and self._lifted else self._timeout
-        delay = None if self.hedging is None else self.hedging.plan(c, act.number, now)
+        hedging = self.hedging
+        delay = None if hedging is None else hedging.plan(c, act.number, now)
         if self._propagate:
-            child.budget = c.state.forward()
+            state = c.state
+            child.budget = state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
             # the tighter of deadline and patience
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child.remaining = c.state.given(rem, self.policy.grace, now, rejoins)
+            child.remaining = state.given(rem, self._grace, now, rejoins)
             child.path = (*c.path, act.hop)
-            child.rejoin = c.state.rejoin
+            child.rejoin = state.rejoin
             # A re-attach is never answered 202 (the callee joins it to the run, or refuses it).
             child.asks = self._async and rejoins and not child.rejoin
             child.patience = self._timeout
         c.out = child
         c.sent = now
         c.asked.live += 1
-        self.engine.at(now + self._latency, self._on_arrive, child)
+        self._at(now + self._latency, self._on_arrive, child)
         if timeout is not None:
-            self.engine.at(now + timeout, self._on_timeout, child)
-        if self.hedging is not None:
-            self.hedging.started(c, child, delay, now)
+            self._at(now + timeout, self._on_timeout, child)
+        if hedging is not None:
+            hedging.started(c, child, delay, now)
 
     def _send_hedge(self, c: Call, now: float) -> Call:
         """``c``'s hedge (``sim.hedging``): its layer's second try of the question, forwarding no
@@ -411,8 +471,8 @@ class Sim:
     def _tried(self, child: Call) -> Tried:
         """What an answered attempt came to, as its caller judges it."""
         reply = self._carry(child.reply) if self._propagate else None
-        if child.ok:
-            return Tried(None, True, reply, ANSWERED)
+        if child.ok:  # Tried(None, True, reply, ANSWERED), without its Python-level __new__
+            return _new_tuple(Tried, (None, True, reply, ANSWERED, None, False, None))
         return (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
                                                      health(True, reply), reply, ANSWERED))
 
@@ -620,9 +680,11 @@ class Sim:
         q = c.asked
         if c.parent is None:
             self.stats.answer(q, ok, now)
-        else:
-            self._reply(c, now)
-        self._gone(q)
+        elif not c.accepted:  # self._reply(c, now)
+            self._at(now + self._latency, self._on_reply, c)
+        q.live -= 1  # self._gone(q)
+        if q.live == 0:
+            self.stats.close(q)
 
     # --- the target -------------------------------------------------------------------------------
 

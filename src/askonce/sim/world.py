@@ -173,11 +173,19 @@ class Stats:
 
     def issue(self, now: float) -> None:
         self.issued += 1
-        self._bump(self.issued_bins, int(now / self.bin))
+        bins, i = self.issued_bins, int(now / self.bin)
+        if i < len(bins):  # _bump, inline: once per question
+            bins[i] += 1
+        else:
+            self._bump(bins, i)
 
     def arrival(self, now: float) -> None:
         self.arrivals += 1
-        self._bump(self.arrival_bins, int(now / self.bin))
+        bins, i = self.arrival_bins, int(now / self.bin)
+        if i < len(bins):  # _bump, inline: once per arrival
+            bins[i] += 1
+        else:
+            self._bump(bins, i)
 
     def answer(self, q: Question, ok: bool, now: float) -> None:
         self.answered += 1
