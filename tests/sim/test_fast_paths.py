@@ -1,19 +1,19 @@
 """The simulator's fast paths give what the slow ones give: the first attempt made without the
-library's loop, the key minted by the C base32 encoder, the tuple-built ``Tried``; and a run keeps
-no per-question state past its questions' end."""
+library's loop, the tuple-built ``Tried``; and a run keeps no per-question state past its
+questions' end."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import pytest
 
 from askonce._loop import Tried
-from askonce.core.question import mint_key as core_mint_key
 from askonce.core.retry import ANSWERED
 from askonce.core.wire import Reply
-from askonce.sim.model import Asked, Call, Sim, mint_key
+from askonce.sim.model import Asked, Call, Sim
 from askonce.sim.scenarios import Knobs, preset
 from askonce.sim.world import Stats, World
 
@@ -52,13 +52,14 @@ def test_first_attempt_without_the_loop_changes_nothing(world: str, policy: str)
     assert got == want
 
 
-def test_minted_keys_are_the_cores() -> None:
-    rng = random.Random(11)
-    times = [0, 1, 999, (1 << 50) - 1, 1 << 50, (1 << 53) + 7, -5]
-    times += [rng.getrandbits(bits) for bits in (20, 41, 50) for _ in range(300)]
-    for now_ms in times:
-        for random16 in (bytes(16), b"\xff" * 16, rng.randbytes(16)):
-            assert mint_key(now_ms, random16) == core_mint_key(now_ms, random16)
+def test_the_written_out_draws_are_the_random_modules() -> None:
+    """``Sim.on_issue`` draws a gap and a key's bytes without calling ``expovariate`` and
+    ``randbytes``: the same numbers from the same stream."""
+    ours, theirs = random.Random(4), random.Random(4)
+    for rate in (0.5, 1000.0, 1e6):
+        for _ in range(2000):
+            assert -math.log(1.0 - ours.random()) / rate == theirs.expovariate(rate)
+            assert ours.getrandbits(128).to_bytes(16, "little") == theirs.randbytes(16)
 
 
 def test_an_answered_try_is_the_tried_the_loop_expects() -> None:
