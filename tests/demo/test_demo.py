@@ -77,7 +77,18 @@ def test_recovery_time_is_the_first_window_back_to_90_percent() -> None:
     # answered until the cut at 5 s, nothing from 5 s to 17.3 s, answered again after
     asked = _answered(schedule, lambda t: not 5 <= t < 17.3)
     got = measure.recovery_time(asked, 3.0, baseline=(1, 5), trigger_end=15, horizon=30, window=5)
-    assert got == 2.0  # [16.5, 21.5) answers 83 % of its questions, [17.0, 22.0) 93 %
+    assert got == 2.0  # of the questions asked in [16.5, 21.5) 84 % were answered, [17.0, 22.0) 94 %
+
+
+def test_recovery_is_judged_on_the_questions_asked_in_each_window() -> None:
+    # A burst asked just before the baseline and answered within it: counting answers that came
+    # back in a window would make "before" 3.7 times what any window can reach.
+    schedule = [i / 50 for i in range(50 * 30)]
+    asked = _answered(schedule, lambda t: True)
+    asked += [Asked(f"b{i}", 0.6, 0.6, 0.9, 200) for i in range(100)]
+    got = measure.recovery_time(asked, 3.0, baseline=(0.75, 1.5), trigger_end=15, horizon=30,
+                                window=5)
+    assert got == 0.0
 
 
 def test_recovery_time_is_none_when_goodput_never_returns_within_the_horizon() -> None:

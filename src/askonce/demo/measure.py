@@ -7,9 +7,9 @@
 * target work: seconds workers were held; wasted: work that answered no question in time (orphaned
   retries, work for callers who had given up, work cut short);
 * recovery (overload): seconds after the trigger ends until goodput over a ``window`` is back to
-  90 % of goodput before the trigger. Goodput in a window is taken relative to the questions asked
-  in that window, so that the randomness of the Poisson load does not decide it; ``None``: not
-  within the run.
+  90 % of goodput before the trigger. Goodput in a window is the share of the questions asked in
+  it that were answered in time, so that neither the randomness of the Poisson load nor answers to
+  questions asked earlier decide it; ``None``: not within the run.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float) -> float | None:
-    """Successes that came back in [start, end) per question asked in [start, end)."""
-    n = sum(1 for a in asked if start <= a.scheduled < end)
-    ok = sum(1 for a in asked if a.done and start <= a.ended < end and a.ok(deadline))
-    return ok / n if n else None
+    """The share of the questions asked in [start, end) that were answered in time (one still
+    open when the run stopped was not)."""
+    window = [a for a in asked if start <= a.scheduled < end]
+    ok = sum(1 for a in window if a.done and a.ok(deadline))
+    return ok / len(window) if window else None
 
 
 def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[float, float],
