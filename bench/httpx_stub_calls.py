@@ -1,15 +1,15 @@
 """Instructions per call of ``AskonceTransport`` over a stub inner transport, against its floor.
 
 The floor is what carrying ``askonce-question`` costs at all: a plain ``httpx.Client`` sending a
-constant header of the question's size. Every client sends through the same in-process stub transport
-(no sockets), so what is counted is httpx and askonce, not the network. Each case runs in a child under
-valgrind's cachegrind; a case's figure is a run of ``--large`` calls minus one of ``--small``, divided
-by the difference (start-up cancels out). Instruction counts hardly move with the load of other
-processes, unlike timings.
+constant header of the question's size. Every client sends through the same in-process stub
+transport (no sockets), so what is counted is httpx and askonce, not the network. Each case runs in
+a child under valgrind's cachegrind; a case's figure is a run of ``--large`` calls minus one of
+``--small``, divided by the difference (start-up cancels out). Instruction counts hardly move with
+the load of other processes, unlike timings.
 
-Cases: ``bare`` (plain client), ``header`` (the floor), ``bound`` (``AskonceTransport`` inside a bound
-question), ``minted`` (nothing bound: a question minted per call). Each ``--compare SRC`` runs the
-askonce cases again with askonce imported from another source tree, in the same run.
+Cases: ``bare`` (plain client), ``header`` (the floor), ``bound`` (``AskonceTransport`` inside a
+bound question), ``minted`` (nothing bound: a question minted per call). Each ``--compare SRC`` runs
+the askonce cases again with askonce imported from another source tree, in the same run.
 
     python bench/httpx_stub_calls.py                                  # about 3 min on 2 CPUs
     python bench/httpx_stub_calls.py --compare /path/to/other/checkout/src

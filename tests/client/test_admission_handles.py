@@ -1,12 +1,12 @@
 """The admission handles a Caller keeps by target (``Caller._admission``): each call counts in the
 handle its store holds for the target now, also after the store evicted the one the Caller kept;
-at most ``HANDLES`` are kept; a store of the application's own is asked on every call."""
+at most ``_HANDLES`` are kept; a store of the application's own is asked on every call."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from askonce.client import HANDLES, Caller, ClientPolicy, Outcome
+from askonce.client import _HANDLES, Caller, ClientPolicy, Outcome
 from askonce.core.admission import AdmissionPolicy
 from askonce.stores.memory import AdmissionHandle, MemoryStore
 
@@ -54,12 +54,12 @@ def test_calls_count_in_the_stores_handle_also_after_it_evicted_the_kept_one() -
 
 
 def test_at_most_so_many_handles_are_kept_and_every_call_still_counts() -> None:
-    store = MemoryStore(frozen, max_targets=HANDLES * 2)
+    store = MemoryStore(frozen, max_targets=_HANDLES * 2)
     caller = Caller(POLICY, store=store, clock=frozen)
-    targets = [f"t{i}" for i in range(HANDLES + 10)]
+    targets = [f"t{i}" for i in range(_HANDLES + 10)]
     for target in targets * 2:
         caller.call(Answers(), target=target)
-    assert caller._handles is not None and len(caller._handles) == HANDLES
+    assert caller._handles is not None and len(caller._handles) == _HANDLES
     assert all(requests(store, target) == 2 for target in targets)
 
 

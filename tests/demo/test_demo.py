@@ -77,7 +77,7 @@ def test_recovery_time_is_the_first_window_back_to_90_percent() -> None:
     # answered until the cut at 5 s, nothing from 5 s to 17.3 s, answered again after
     asked = _answered(schedule, lambda t: not 5 <= t < 17.3)
     got = measure.recovery_time(asked, 3.0, baseline=(1, 5), trigger_end=15, horizon=30, window=5)
-    assert got == 2.0  # of the questions asked in [16.5, 21.5) 84 % were answered, [17.0, 22.0) 94 %
+    assert got == 2.0  # of those asked in [16.5, 21.5) 84 % were answered, in [17.0, 22.0) 94 %
 
 
 def test_recovery_is_judged_on_the_questions_asked_in_each_window() -> None:

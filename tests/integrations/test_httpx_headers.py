@@ -1,6 +1,6 @@
-"""The httpx transport writes ``askonce-question`` and reads ``askonce-reply`` in httpx's header list
-directly: the result must be what ``Headers.__setitem__`` and ``Headers.get_list`` give, whatever
-the headers already hold (absent, once under another spelling, repeated, not ASCII), and a subclass
+"""The httpx transport writes ``askonce-question`` and reads ``askonce-reply`` in httpx's header
+list directly: the result must be what ``Headers.__setitem__`` and ``Headers.get_list`` give,
+whatever the headers already hold (absent, once under another spelling, repeated, not ASCII), and a subclass
 of ``httpx.Headers`` is left to its own methods."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from askonce.sim.world import Stats, World
 class LoopSim(Sim):
     """Every first attempt through the loop, as before the fast path."""
 
-    first_without_loop = False
+    _first_without_loop = False
 
 
 def _figures(sim: Sim) -> dict[str, Any]:

@@ -122,7 +122,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 DEFAULT_POLICY = ClientPolicy()
-HANDLES = 256  # admission handles a Caller keeps (Caller._admission); past it, the store is asked
+_HANDLES = 256  # admission handles a Caller keeps (Caller._admission); past it, the store is asked
 
 # --- the integration's side of one call -----------------------------------------------------------
 
@@ -417,7 +417,7 @@ class Caller:
             self._admissions = admissions_of(self.store)
         # The admission handles a memory store gave this Caller, by target (the policy is the
         # Caller's own), so that a call does not hash the policy to look its handle up again: at
-        # most HANDLES of them, all dropped once the store has evicted any handle since. Only the
+        # most _HANDLES of them, all dropped once the store has evicted any handle since. Only the
         # memory store's own ``admission`` (a subclass that overrides it is asked every time).
         owner: Any = getattr(self._admissions, "__self__", None)
         memory: Any = sys.modules.get("askonce.stores.memory")  # loaded if owner is one
@@ -457,7 +457,7 @@ class Caller:
             seen = owner._evicted  # read before asking: an eviction meanwhile may have taken it
             handle = owner.admission(target, self.policy.admission)
             with self._handles_lock:  # kept only if the store has evicted nothing since then
-                if owner._evicted == seen == self._handles_seen and len(handles) < HANDLES:
+                if owner._evicted == seen == self._handles_seen and len(handles) < _HANDLES:
                     handles[target] = handle
         return handle
 

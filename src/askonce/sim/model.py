@@ -186,7 +186,7 @@ class Sim:
 
     # A hop without a breaker makes its first attempt without the loop; False: always the loop
     # (the same run: tests/sim/test_fast_paths.py compares both).
-    first_without_loop: ClassVar[bool] = True
+    _first_without_loop: ClassVar[bool] = True
 
     def __init__(self, world: World, policy: Policy, seed: int = 1, *,
                  failures: Failures | None = None, wire_text: bool = False,
@@ -312,7 +312,7 @@ class Sim:
         if bucket is not None:
             bucket.deposit()
         c.guard = admission
-        if breaker is None and self.first_without_loop:
+        if breaker is None and self._first_without_loop:
             c.loop = None
             # The first attempt without the loop, as the client's fast path makes it: the loop
             # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.

@@ -292,7 +292,8 @@ class MemoryStore:
         self._buckets: OrderedDict[tuple[str, BucketPolicy], BucketHandle] = OrderedDict()
         self._breakers: OrderedDict[tuple[str, BreakerPolicy], BreakerHandle] = OrderedDict()
         self._admissions: OrderedDict[tuple[str, AdmissionPolicy], AdmissionHandle] = OrderedDict()
-        # Evictions so far: a Caller that keeps the handles it was given drops them when it moves.
+        # Evictions so far, of any handle: a Caller that keeps the admission handles it was given
+        # drops them when this moves.
         self._evicted = 0
 
     def bucket(self, target: str, policy: BucketPolicy) -> BucketHandle:
