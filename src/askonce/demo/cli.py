@@ -72,7 +72,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "askonce, and compare what the target saw. Writes an HTML report with plots.",
     )
     p.add_argument("--quick", action="store_true",
-                   help="smaller, shorter scenarios: under a minute (a full run: about 2 minutes)")
+                   help="smaller, shorter scenarios: about 70 s (a full run: about 4 minutes)")
     p.add_argument("--json", action="store_true",
                    help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--out", type=Path, metavar="DIR",
