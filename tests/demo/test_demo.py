@@ -91,6 +91,20 @@ def test_recovery_is_judged_on_the_questions_asked_in_each_window() -> None:
     assert got == 0.0
 
 
+def test_a_question_still_open_at_the_horizon_counts_only_once_its_deadline_passed() -> None:
+    # Every answer takes 1 s; the run stops at 20 s with the last second's questions still open.
+    # Their 3 s deadline had not passed, so they say nothing; counted as failures they would take
+    # [15, 20) to 80 %. A question open past its deadline is a failure.
+    schedule = [i / 50 for i in range(50 * 20)]
+    asked = [a if a.scheduled < 19 else Asked(a.key, a.scheduled, a.scheduled)
+             for a in _answered(schedule, lambda t: True, latency=1.0)]
+    got = measure.recovery_time(asked, 3.0, baseline=(1, 5), trigger_end=15, horizon=20, window=5)
+    assert got == 0.0
+    stuck = [a if a.scheduled < 15 else Asked(a.key, a.scheduled, a.scheduled) for a in asked]
+    assert measure.recovery_time(stuck, 3.0, baseline=(1, 5), trigger_end=15, horizon=30,
+                                 window=5) is None
+
+
 def test_recovery_time_is_none_when_goodput_never_returns_within_the_horizon() -> None:
     schedule = [i / 50 for i in range(50 * 30)]
     asked = _answered(schedule, lambda t: t < 5)

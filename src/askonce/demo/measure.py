@@ -36,10 +36,13 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float) -> float | None:
-    """The share of the questions asked in [start, end) that were answered in time (one still
-    open when the run stopped was not)."""
-    window = [a for a in asked if start <= a.scheduled < end]
+def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float,
+          horizon: float = math.inf) -> float | None:
+    """The share of the questions asked in [start, end) that were answered in time. One still
+    open when the run stopped at ``horizon`` counts as unanswered if its deadline had passed by
+    then, and not at all if it had not (nobody can tell how it would have ended)."""
+    window = [a for a in asked if start <= a.scheduled < end
+              and (a.done or a.scheduled + deadline <= horizon)]
     ok = sum(1 for a in window if a.done and a.ok(deadline))
     return ok / len(window) if window else None
 
@@ -54,12 +57,12 @@ def recovery_time(asked: Sequence[Asked], deadline: float, *, baseline: tuple[fl
     Candidate times go in ``step`` s; the first whose window (ending by the horizon) reaches 90 % is
     the answer.
     """
-    before = _rate(asked, deadline, *baseline)
+    before = _rate(asked, deadline, *baseline, horizon)
     if before is None or before == 0:
         return None
     s = 0.0
     while trigger_end + s + window <= horizon + 1e-9:
-        now = _rate(asked, deadline, trigger_end + s, trigger_end + s + window)
+        now = _rate(asked, deadline, trigger_end + s, trigger_end + s + window, horizon)
         if now is not None and now >= RECOVERED * before:
             return s
         s += step
