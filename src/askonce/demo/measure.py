@@ -42,7 +42,7 @@ def _rate(asked: Sequence[Asked], deadline: float, start: float, end: float,
     open when the run stopped at ``horizon`` counts as unanswered if its deadline had passed by
     then, and not at all if it had not (nobody can tell how it would have ended)."""
     window = [a for a in asked if start <= a.scheduled < end
-              and (a.done or a.scheduled + deadline <= horizon)]
+              and (a.done or max(a.scheduled, a.launched) + deadline <= horizon)]
     ok = sum(1 for a in window if a.done and a.ok(deadline))
     return ok / len(window) if window else None
 
