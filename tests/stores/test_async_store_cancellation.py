@@ -1,7 +1,9 @@
 """A cancelled task stays cancelled when the store call it was waiting on finishes at that moment.
 
 Python 3.11's ``asyncio.wait_for`` returns the inner result in that case and the cancellation is
-lost: a caller cancelled (its client left) would go on to make the call it was guarding."""
+lost: a caller cancelled (its client left) would go on to make the call it was guarding. redis-py's
+asyncio client writes each command under its own ``wait_for``, so the Redis call itself can return
+a reply after its task was cancelled; the store raises that lost cancellation."""
 
 from __future__ import annotations
 
@@ -27,3 +29,27 @@ async def test_a_cancellation_as_the_store_call_finishes_is_not_swallowed() -> N
         task.cancel()  # in the same turn of the loop as the call's answer
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def swallowing(reply: int) -> int:
+    """A call that returns a reply though its task was cancelled, as redis-py's ``wait_for`` can."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        pass
+    return reply
+
+
+async def test_a_cancellation_the_redis_call_swallowed_is_raised() -> None:
+    store = AsyncRedisStore("redis://127.0.0.1:1/0", op_timeout=5.0)  # never connected
+    task = asyncio.create_task(store.run(swallowing(1)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_timeout_the_redis_call_swallowed_is_still_a_timeout() -> None:
+    store = AsyncRedisStore("redis://127.0.0.1:1/0", op_timeout=0.01)
+    with pytest.raises(TimeoutError):
+        await store.run(swallowing(1))

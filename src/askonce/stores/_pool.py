@@ -4,15 +4,24 @@ redis-py's pools hold at most 100 connections by default (redis-py 8) and refuse
 past 100 calls in flight (async tasks, threads, or waiters holding a blocking connection) the
 store would fall back to local state though Redis is healthy. A blocking pool instead waits for a
 connection, within ``timeout`` (the caller's own bound), and holds up to ``max_connections``.
+
+redis-py's asyncio client can also lose a cancellation: it writes each command under
+``asyncio.wait_for``, which on Python 3.11 returns the result of a write that finished as the task
+was cancelled. ``kept_cancel`` awaits a command and raises the lost ``CancelledError`` itself, so a
+cancelled caller (a client gone, a timeout above) stops instead of running on.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 MAX_CONNECTIONS = 1024
 
-__all__ = ["MAX_CONNECTIONS", "pooled"]
+__all__ = ["MAX_CONNECTIONS", "kept_cancel", "pooled"]
+
+T = TypeVar("T")
 
 
 def pooled(module: Any, url: str, *, timeout: float, max_connections: int = MAX_CONNECTIONS,
@@ -21,3 +30,14 @@ def pooled(module: Any, url: str, *, timeout: float, max_connections: int = MAX_
     pool = module.BlockingConnectionPool.from_url(url, max_connections=max_connections,
                                                   timeout=timeout, **connection)
     return module.Redis(connection_pool=pool)
+
+
+async def kept_cancel(call: Awaitable[T]) -> T:
+    """``await call``; if the task was cancelled meanwhile and ``call`` returned anyway, raise
+    ``CancelledError``."""
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    result = await call
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
+    return result

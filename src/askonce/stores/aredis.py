@@ -24,7 +24,7 @@ from askonce import _stats
 from askonce.core.admission import AdmissionPolicy
 from askonce.core.breaker import BreakerPolicy, State
 from askonce.core.bucket import BucketPolicy
-from askonce.stores._pool import pooled
+from askonce.stores._pool import kept_cancel, pooled
 from askonce.stores._redis_admission import AsyncRedisAdmissionHandle
 from askonce.stores._redis_lua import LUA_ADMISSION, LUA_BREAKER, LUA_BUCKET, BreakerReply
 from askonce.stores.redis import BreakerBase, BucketBase, StoreBase, no_retry, warn_if_retrying
@@ -162,9 +162,10 @@ class AsyncRedisStore(StoreBase):
 
     async def run(self, call: Awaitable[Any]) -> Any:
         # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a call that
-        # finished as the task was cancelled, swallowing the cancellation.
+        # finished as the task was cancelled, swallowing the cancellation; redis-py's own
+        # wait_for can, so kept_cancel raises what it swallowed.
         async with asyncio.timeout(self.op_timeout):
-            return await call
+            return await kept_cancel(call)
 
     def spawn(self, loop: asyncio.AbstractEventLoop, call: Awaitable[Any]) -> None:
         async def go() -> None:

@@ -49,7 +49,7 @@ from redis.retry import Retry
 from askonce import _stats
 from askonce.core import is_real
 from askonce.core.join import Answer, JoinPolicy, Verdict, decode_answer, encode_answer, keeps
-from askonce.stores._pool import pooled
+from askonce.stores._pool import kept_cancel, pooled
 
 __all__ = ["LUA_ARRIVE", "LUA_FINISH", "LUA_RENEW", "TIMED_OUT", "RedisJoinStore"]
 
@@ -349,15 +349,15 @@ class RedisJoinStore:
         self._async()
         keys = self._keys(scope)
         try:
-            state = self._looked(await self._aops.pipeline(transaction=False).get(keys[1])
-                                 .exists(keys[0]).execute(), policy)
+            state = self._looked(await kept_cancel(self._aops.pipeline(transaction=False)
+                                                   .get(keys[1]).exists(keys[0]).execute()), policy)
             if state[0] == "running" and wait > 0 and self._admit(poll=True):
                 try:
                     await self.await_answer(scope, wait, policy)
                 finally:
                     self._unpoll()
-                state = self._looked(await self._aops.pipeline(transaction=False)
-                                     .get(keys[1]).exists(keys[0]).execute(), policy)
+                state = self._looked(await kept_cancel(self._aops.pipeline(transaction=False)
+                                     .get(keys[1]).exists(keys[0]).execute()), policy)
         except redis.RedisError as exc:
             self._failed(exc)
             return "down", None
@@ -382,7 +382,7 @@ class RedisJoinStore:
         self._async()
         keys, argv = self._arrival(scope, digest, may_run)
         try:
-            out = await self._ascripts[0](keys=keys, args=argv)
+            out = await kept_cancel(self._ascripts[0](keys=keys, args=argv))
         except redis.RedisError as exc:
             self._failed(exc)
             return Verdict.BYPASS, None, None
@@ -395,7 +395,7 @@ class RedisJoinStore:
         self._async()
         keys, argv = self._finishing(scope, token, answer, policy)
         try:
-            if not await self._ascripts[1](keys=keys, args=argv):
+            if not await kept_cancel(self._ascripts[1](keys=keys, args=argv)):
                 _stats.count("server.join.redis.lease-lost")
         except redis.RedisError as exc:
             self._failed(exc)
@@ -408,12 +408,12 @@ class RedisJoinStore:
         end = _stats.monotonic() + left
         try:
             while (left := end - _stats.monotonic()) > 0:
-                raw = await self._ablock.execute_command("BLMOVE", done, done, "LEFT", "LEFT",
-                                                        min(left, self.lease / 2))
+                raw = await kept_cancel(self._ablock.execute_command(
+                    "BLMOVE", done, done, "LEFT", "LEFT", min(left, self.lease / 2)))
                 if raw is not None:
                     return self._got(raw, policy)
-                if not await self._aops.exists(lease):
-                    raw = await self._aops.lindex(done, 0)
+                if not await kept_cancel(self._aops.exists(lease)):
+                    raw = await kept_cancel(self._aops.lindex(done, 0))
                     return None if raw is None else self._got(raw, policy)
             return TIMED_OUT
         except redis.RedisError as exc:
