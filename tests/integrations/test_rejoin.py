@@ -189,6 +189,31 @@ def test_a_callee_that_stops_joining_is_no_longer_rejoined() -> None:
         assert default_target(httpx.Request("GET", url)) not in JOINERS
 
 
+def test_a_joining_callee_s_answer_at_the_deadline_says_it_joins() -> None:
+    """The middleware cancels the run at the question's deadline and answers for it: the join
+    layer inside took the question, so the caller goes on knowing the callee joins."""
+    from askonce.core import wire
+    from askonce.core.question import Hop
+
+    header = wire.format_question(new_key(), "edge", True, 2, 0.2, (Hop("edge", 1),))
+    with callee("asgi", join=True) as (url, work, _), httpx.Client(timeout=5.0) as http:
+        response = http.get(url + "/q", headers={wire.QUESTION_HEADER: header})  # runs 0.8 s
+    assert response.status_code == 503 and sum(work.runs.values()) == 1
+    assert parse_reply(response.headers[REPLY_HEADER]) == Reply(2, True, "deadline", joins=True)
+
+
+@pytest.mark.parametrize("reason", ["cap", "deadline", "overloaded"])
+def test_a_callee_s_own_refusal_before_its_app_runs_does_not_forget_that_it_joins(
+        reason: str) -> None:
+    """Its ledger's cap, a deadline already past, its concurrency limit: the join layer inside
+    never saw the question, so the reply cannot say ``j``; it does not say the callee stopped."""
+    JOINERS.heard("svc:1", Reply(2, joins=True))
+    JOINERS.heard("svc:1", Reply(2, True, reason))
+    assert "svc:1" in JOINERS
+    JOINERS.heard("svc:1", Reply(2, True, "exhausted"))  # its app's answer without j: it stopped
+    assert "svc:1" not in JOINERS
+
+
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])
 def test_a_reattach_with_no_run_to_join_is_refused_never_run(kind: str) -> None:
     """The run it is for may have failed, gone to another replica or been forgotten: running the

@@ -530,7 +530,10 @@ class Server:
             _stats.count("server.ledger.error")
 
     def deadline_answer(self, arrival: Arrival) -> Answer:
-        return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline"))
+        """The 503 at the question's deadline; it says ``j`` when a join layer inside took the
+        question (its caller must not forget that this callee joins)."""
+        return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline",
+                                 joins=arrival.joins))
 
     def failure(self, arrival: Arrival, exc: BaseException, *, count: bool = True) -> Answer | None:
         """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors.
