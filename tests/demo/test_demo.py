@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from askonce.demo import measure, naive, params
+from askonce.demo import measure, naive, params, runner
 from askonce.demo.edge import Asked
 from askonce.demo.main import lanes
 from askonce.demo.params import (
@@ -183,6 +183,9 @@ def test_scenario_parameters_hold_together() -> None:
         t = s["tail"]  # 2 % take 20x the median, no timeout that short, a target that does not join
         assert t.target.slow_time == 20 * t.target.service_time and t.target.slow_share == 0.02
         assert t.target.slow_time < min(t.layer_timeout, t.deadline) and t.hedge and not t.join
+        # the real stack's slow calls: 20x its measured median, still within every timeout
+        assert t.slow_factor == 20 and runner.MAX_SLOW < min(t.layer_timeout, t.deadline, t.edge_timeout)
+        assert all(x.slow_factor is None for n, x in s.items() if n != "tail")
         k = s["stuck"]  # every call outlasts every layer's timeout, not the deadline; async mode
         assert k.target.failure == "none" and k.layer_timeout < k.target.service_time < k.deadline
         assert k.respond_async and k.join and k.policies == ("no-retry", "naive", "askonce")
@@ -320,6 +323,27 @@ def test_a_goal_whose_runs_were_starved_is_not_judged() -> None:
     assert all(g["met"] is not None for g in measure.goals(rows) if g["goal"].startswith("over"))
 
 
+def test_a_tail_too_slow_for_its_calibrated_slow_calls_is_not_judged() -> None:
+    def row(policy: str, p99: float, median: float, slow: float) -> dict[str, Any]:
+        return {"scenario": "tail", "policy": policy, "questions": 1000, "success_rate": 1.0,
+                "arrivals_per_question": {"mean": 1.01, "p99": 2, "max": 2, "se": 0.001},
+                "latency_ms": {"p50": median, "p99": p99}, "recovery_s": None,
+                "launch_lag_ms": {"p99": 5.0, "max": 5.0},
+                "slow_s": slow, "slow_factor": 20.0, "calibrated_median_ms": median}
+
+    fits = [row("naive", 1400.0, 70.0, 1.4), row("askonce", 250.0, 70.0, 1.4)]
+    assert measure.invalid(fits) == {}
+    (goal,) = measure.goals(fits)
+    assert goal["met"] is True  # 250 ms against a fifth of 1,400
+    # a median of 300 ms would need 6 s slow calls; capped at 4 s they are a milder tail
+    capped = [row("naive", 4100.0, 300.0, 4.0), row("askonce", 900.0, 300.0, 4.0)]
+    assert measure.invalid(capped)[("tail", "askonce")] == [
+        "the stack answered its fast calls in a median of 300 ms, too slow for slow calls of 20x "
+        "that within the deadline"]
+    (goal,) = measure.goals(capped)
+    assert goal["met"] is None and "not judged" in goal["measured"]
+
+
 # --- the real thing ---------------------------------------------------------------------------------
 
 
@@ -378,6 +402,14 @@ def test_quick_demo_prints_the_schema_and_the_headline_figures(tmp_path: Path) -
     if ("transient", "askonce") not in measure.invalid(doc["scenarios"]):  # a starved run measures the CPU
         assert rows["transient", "askonce"]["success_rate"] >= 0.99  # 0.999 needs more questions
     assert rows["transient", "askonce"]["coverage"] == 1.0
+    # the tail's slow calls were calibrated once, to 20x the median of a run of fast calls
+    tails = [rows["tail", p] for p in ("naive", "askonce")]
+    median = tails[0]["calibrated_median_ms"]
+    assert median is not None and median >= 1000 * doc["parameters"]["tail"]["target"]["service_time"]
+    assert all(t["calibrated_median_ms"] == median for t in tails)
+    slow = min(runner.MAX_SLOW, 20 * median / 1000)
+    assert all(t["slow_s"] == pytest.approx(slow) for t in tails)
+    assert doc["parameters"]["tail"]["target"]["slow_time"] == pytest.approx(slow)  # as it was run
     # Answers in the capacity cut over what it allows (16 a second in the quick run's 2 s).
     assert all(0 <= rows["overload", p]["cut_goodput"] <= 1.5 for p in ("no-retry", "naive", "askonce"))
     assert (tmp_path / "report" / "index.html").exists() and (tmp_path / "report" / "arrivals.png").exists()

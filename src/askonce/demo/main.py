@@ -126,7 +126,12 @@ def run_demo(opts: Options) -> int:
     rows = [r.row for r in runs]
     goals = measure.goals(rows)
     meta = _meta(opts, out, pids, time.monotonic() - started, runs)
-    # For a simulator to replay.
+    # For a simulator to replay: a calibrated scenario as it was run.
+    for row in rows:
+        s = chosen.get(row["scenario"])
+        if s is not None and "slow_s" in row:
+            chosen[row["scenario"]] = dataclasses.replace(
+                s, target=dataclasses.replace(s.target, slow_time=row["slow_s"]))
     meta["parameters"] = {name: dataclasses.asdict(s) for name, s in chosen.items()}
     doc = report.document(runs, goals, meta)
     page = report.write(out, runs, doc, chosen)
@@ -177,6 +182,11 @@ def _meta(opts: Options, out: Path, pids: list[int], elapsed: float,
     for run in runs:
         r = run.row
         label = f"{r['scenario']} {r['policy']}"
+        median = r.get("calibrated_median_ms")
+        if median is not None and r["policy"] == "naive":
+            notes.append(f"{r['scenario']}: slow arrivals took {1000 * r['slow_s']:,.0f} ms, "
+                         f"{r['slow_factor']:g}x the stack's median answer of {median:.0f} ms "
+                         "(measured first on fast calls only)")
         lag = r["launch_lag_ms"]["max"]
         if lag is not None and lag > 100:  # said; past measure.LAG_LIMIT_MS it invalidates
             notes.append(f"{label}: the load generator launched a question up to {lag:.0f} ms "

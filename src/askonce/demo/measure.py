@@ -175,10 +175,11 @@ LAG_LIMIT_MS = 250.0
 
 def invalid(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
     """Per (scenario, policy), why the run does not measure what it is about (none: valid): a load
-    generator starved of CPU. The naive overload's own retries are what starve its machine: its
-    lag is the finding, not a fault of the run. A stack that does not settle after a run is
-    restarted before the next (``settled`` false): the run's own figures were taken before, and
-    the next run starts on fresh processes, so neither is invalid."""
+    generator starved of CPU, or a stack too slow for its scenario's calibrated slow calls. The
+    naive overload's own retries are what starve its machine: its lag is the finding, not a fault
+    of the run. A stack that does not settle after a run is restarted before the next
+    (``settled`` false): the run's own figures were taken before, and the next run starts on fresh
+    processes, so neither is invalid."""
     out: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         why = []
@@ -187,6 +188,13 @@ def invalid(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
                 and (r["scenario"], r["policy"]) != ("overload", "naive")):
             why.append(f"{r['policy']}: the load generator launched a question {lag:.0f} ms late "
                        "(the machine was too busy for the load)")
+        median, slow = r.get("calibrated_median_ms"), r.get("slow_s")
+        factor = r.get("slow_factor")
+        if factor is not None and (median is None or slow is None
+                                   or 1000.0 * slow < factor * median * 0.999):
+            why.append("the stack answered its fast calls in a median of "
+                       f"{'n/a' if median is None else format(median, '.0f')} ms, too slow for "
+                       f"slow calls of {factor:g}x that within the deadline")
         if why:
             out[(r["scenario"], r["policy"])] = why
     return out

@@ -33,6 +33,10 @@ SETTLE_TIMEOUT = 2.0  # seconds to wait for the stack to go quiet between runs; 
 SETTLE_POLL = 0.15
 # Seconds to wait, after the last answer, for work and retries nobody waits for any more.
 QUIET_TIMEOUT = 4.0
+# A scenario's calibration (Scenario.slow_factor): this long a run of fast calls only, and its
+# slow arrivals take at most MAX_SLOW seconds (within the tail's 5 s deadline).
+CALIBRATION_S = 2.0
+MAX_SLOW = 4.0
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Runner:
     def __init__(self, stack: Stack, *, seed: int = 1, redis: str | None = None,
                  tick: Tick | None = None) -> None:
         self.stack = stack
+        self._slow: dict[str, tuple[float, float | None]] = {}  # scenario: (slow_time, median s)
         self.seed = seed
         self.redis = redis
         self.tick = tick
@@ -84,6 +89,7 @@ class Runner:
         """
         loop = asyncio.get_running_loop()
         entered = loop.time()
+        scenario, median = await self.calibrated(scenario)
         schedule = poisson_schedule(scenario.rate, scenario.duration,
                                     hash_seed(self.seed, scenario.name))
         keys = question_keys(len(schedule), self.seed, scenario.name)
@@ -131,9 +137,32 @@ class Runner:
         if not settled:  # a collapsed naive stack can take minutes to unwind: start afresh instead
             await loop.run_in_executor(None, self.stack.restart)
         run = self._result(scenario, policy, asked, counts, settled)
+        if scenario.slow_factor is not None:
+            run.row["slow_s"] = scenario.target.slow_time
+            run.row["slow_factor"] = scenario.slow_factor
+            run.row["calibrated_median_ms"] = None if median is None else 1000.0 * median
         run.row["settle_s"] = round(loop.time() - began, 2)
         run.row["run_s"] = round(loop.time() - entered, 2)
         return run
+
+    async def calibrated(self, scenario: Scenario) -> tuple[Scenario, float | None]:
+        """``scenario`` with its slow arrivals at ``slow_factor`` times the stack's median answer
+        (and that median, in seconds), measured once per scenario by a naive run of fast calls
+        only; as it is without a ``slow_factor``, or when the calibration answered nothing."""
+        if scenario.slow_factor is None:
+            return scenario, None
+        if scenario.name not in self._slow:
+            t = scenario.target
+            probe = replace(scenario, name=f"{scenario.name}-calibration", slow_factor=None,
+                            duration=min(CALIBRATION_S, scenario.duration / 2),
+                            target=replace(t, slow_share=0.0))
+            p50 = (await self.run(probe, "naive")).row["latency_ms"]["p50"]
+            median = None if p50 is None else p50 / 1000.0
+            slow = (t.slow_time if median is None
+                    else min(MAX_SLOW, max(t.service_time, scenario.slow_factor * median)))
+            self._slow[scenario.name] = (slow, median)
+        slow, median = self._slow[scenario.name]
+        return replace(scenario, target=replace(scenario.target, slow_time=slow)), median
 
     def _edge_store(self, prefix: str, policy: str) -> Any:
         if policy != "askonce" or self.redis is None:
