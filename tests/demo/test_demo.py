@@ -184,7 +184,7 @@ def test_scenario_parameters_hold_together() -> None:
         assert t.target.slow_time == 20 * t.target.service_time and t.target.slow_share == 0.02
         assert t.target.slow_time < min(t.layer_timeout, t.deadline) and t.hedge and not t.join
         # the real stack's slow calls: 20x its measured median, still within every timeout
-        assert t.slow_factor == 20 and runner.MAX_SLOW < min(t.layer_timeout, t.deadline, t.edge_timeout)
+        assert t.slow_factor == 20 and min(t.layer_timeout, t.deadline, t.edge_timeout) > runner.MAX_SLOW
         assert all(x.slow_factor is None for n, x in s.items() if n != "tail")
         k = s["stuck"]  # every call outlasts every layer's timeout, not the deadline; async mode
         assert k.target.failure == "none" and k.layer_timeout < k.target.service_time < k.deadline

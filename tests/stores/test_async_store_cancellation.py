@@ -8,6 +8,7 @@ a reply after its task was cancelled; the store raises that lost cancellation.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -33,10 +34,8 @@ async def test_a_cancellation_as_the_store_call_finishes_is_not_swallowed() -> N
 
 async def swallowing(reply: int) -> int:
     """A call that returns a reply though its task was cancelled, as redis-py's ``wait_for`` can."""
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(10)
-    except asyncio.CancelledError:
-        pass
     return reply
 
 
