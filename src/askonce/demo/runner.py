@@ -88,8 +88,8 @@ class Runner:
         ``settle=False`` for the last run of a stack: nothing follows that could inherit its load.
         """
         loop = asyncio.get_running_loop()
+        scenario, median = await self.calibrated(scenario)  # before: not this run's own time
         entered = loop.time()
-        scenario, median = await self.calibrated(scenario)
         schedule = poisson_schedule(scenario.rate, scenario.duration,
                                     hash_seed(self.seed, scenario.name))
         keys = question_keys(len(schedule), self.seed, scenario.name)
@@ -158,8 +158,7 @@ class Runner:
                             target=replace(t, slow_share=0.0))
             p50 = (await self.run(probe, "naive")).row["latency_ms"]["p50"]
             median = None if p50 is None else p50 / 1000.0
-            slow = (t.slow_time if median is None
-                    else min(MAX_SLOW, max(t.service_time, scenario.slow_factor * median)))
+            slow = t.slow_time if median is None else min(MAX_SLOW, scenario.slow_factor * median)
             self._slow[scenario.name] = (slow, median)
         slow, median = self._slow[scenario.name]
         return replace(scenario, target=replace(scenario.target, slow_time=slow)), median

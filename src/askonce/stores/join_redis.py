@@ -349,19 +349,22 @@ class RedisJoinStore:
         self._async()
         keys = self._keys(scope)
         try:
-            state = self._looked(await kept_cancel(self._aops.pipeline(transaction=False)
-                                                   .get(keys[1]).exists(keys[0]).execute()), policy)
+            state = self._looked(await self._apeek(keys), policy)
             if state[0] == "running" and wait > 0 and self._admit(poll=True):
                 try:
                     await self.await_answer(scope, wait, policy)
                 finally:
                     self._unpoll()
-                state = self._looked(await kept_cancel(self._aops.pipeline(transaction=False)
-                                     .get(keys[1]).exists(keys[0]).execute()), policy)
+                state = self._looked(await self._apeek(keys), policy)
         except redis.RedisError as exc:
             self._failed(exc)
             return "down", None
         return state
+
+    async def _apeek(self, keys: list[bytes]) -> Any:
+        """:meth:`_peek`, async."""
+        pipe: Any = self._aops.pipeline(transaction=False)
+        return await kept_cancel(pipe.get(keys[1]).exists(keys[0]).execute())
 
     def _async(self) -> None:
         if self._aops is None:
