@@ -738,3 +738,19 @@ def test_work_started_per_question_sits_beside_arrivals_per_question() -> None:
     plain.record(1.0, "op", key="x", edge=True)
     plain.record(1.0, "op", key="x", edge=True)
     assert only(plain.report(2.0)).work_per_question == only(plain.report(2.0)).amplification == 2.0
+
+
+def test_a_join_counts_in_the_window_of_its_arrival_after_that_window_closed() -> None:
+    ledger = Ledger(LedgerPolicy(window=10.0, windows_kept=2))
+    ledger.record(9.0, "op", key="q", edge=True)  # the run
+    ledger.record(9.5, "op", key="q", edge=True)  # a repeat that waits past the window's end
+    ledger.record(10.5, "op", key="q", edge=True)  # another repeat, in the next window
+    ledger.joined(10.5, "op", edge=True)
+    ledger.joined(9.5, "op", edge=True)  # answered at 11.0, counted at its arrival's time
+    first, second = ledger.report(11.0).find("op", start=0.0), ledger.report(11.0).find("op")
+    assert first is not None and (first.arrivals, first.joined, first.work_per_question) == (2, 1, 1)
+    assert second is not None and (second.joined, second.work_per_question) == (1, 0)
+    ledger.joined(9.0, "new", edge=True)  # an operation the closed window had not seen
+    assert ledger.report(11.0).find("new", start=0.0) is not None
+    ledger.joined(-30.0, "op", edge=True)  # before the kept windows: its arrival is gone too
+    assert sum(o.joined for o in ledger.report(11.0).operations if o.operation == "op") == 2

@@ -152,7 +152,7 @@ def answered_by_run() -> None:
     arrival = recording()
     if isinstance(arrival, Arrival) and arrival.on_joined is not None:
         note, arrival.on_joined = arrival.on_joined, None  # once per arrival
-        note(arrival.joined_as)
+        note(arrival.joined_as, arrival.joined_at)
 
 
 def detach() -> None:

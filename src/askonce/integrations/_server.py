@@ -207,8 +207,8 @@ class Arrival(Record):
     (``askonce.client.replies``): one context variable for both, set once per request.
     """
 
-    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joins",
-                 "malformed", "on_joined", "serving", "slot")
+    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joined_at",
+                 "joins", "malformed", "on_joined", "serving", "slot")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -222,10 +222,12 @@ class Arrival(Record):
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
         self.detached = False  # others may join this run: a disconnect does not cancel it
         self.slot: float | None = None  # when it took a slot of the concurrency limit
-        # Tells the ledger that this counted arrival (of operation ``joined_as``) was answered by
-        # a run it did not start: the server's ``joined``, set when the ledger counted it.
-        self.on_joined: Callable[[str], None] | None = None
+        # Tells the ledger that this counted arrival (of operation ``joined_as``, counted at
+        # ``joined_at``) was answered by a run it did not start: the server's ``joined``, set
+        # when the ledger counted it.
+        self.on_joined: Callable[[str, float], None] | None = None
         self.joined_as = ""
+        self.joined_at = 0.0
 
     @property
     def noted(self) -> BaseException | None:
@@ -502,6 +504,7 @@ class Server:
                 edge, origin = False, UNSIGNED
             if edge:
                 arrival.on_joined, arrival.joined_as = self._joined, operation
+                arrival.joined_at = now
             if lock is None:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
                                      path=frame[1], principal=principal)
@@ -512,20 +515,20 @@ class Server:
             _stats.count("server.ledger.error")
             return True
 
-    def joined(self, operation: str) -> None:
-        """Tell the ledger that an attributable arrival of ``operation`` was answered by a run it
-        did not start (``Ledger.joined``); a ledger without it counts
-        ``server.ledger.joined-unsupported`` instead."""
+    def joined(self, operation: str, at: float) -> None:
+        """Tell the ledger that an attributable arrival of ``operation``, counted at ``at``, was
+        answered by a run it did not start (``Ledger.joined``: counted in the arrival's window); a
+        ledger without it counts ``server.ledger.joined-unsupported`` instead."""
         joined, lock = getattr(self.options.ledger, "joined", None), self._lock
         if joined is None:
             _stats.count("server.ledger.joined-unsupported")
             return
         try:
             if lock is None:
-                joined(time.time(), operation, edge=True)
+                joined(at, operation, edge=True)
             else:
                 with lock:
-                    joined(time.time(), operation, edge=True)
+                    joined(at, operation, edge=True)
         except Exception:
             _stats.count("server.ledger.error")
 

@@ -201,15 +201,32 @@ class Ledger:
     def joined(self, now: float, operation: str, *, edge: bool) -> None:
         """An arrival recorded before was answered by work it did not start: it waited for the
         run of its question in flight, or got that run's kept answer (``integrations.asgi_join``).
-        Counted, when ``edge`` (attributable), in the window of ``now``; the report's
-        ``work_per_question`` is attributable arrivals less these, per question."""
+        Counted, when ``edge`` (attributable), in the window of ``now``: pass the arrival's own
+        time, so that a join answered after its arrival's window closed is counted beside it (a
+        window whose joins outnumber its arrivals reports no more joins than arrivals). A time
+        before the kept windows counts nowhere: its arrival is no longer reported either. The
+        report's ``work_per_question`` is attributable arrivals less these, per question."""
         if not now < self._end:
             self._roll(now)
-        if edge:
-            op = self._ops.get(operation)
-            if op is None:
+        if not edge:
+            return
+        ops = self._ops
+        current = self._current
+        if current is not None and now < current.index * self.policy.window:
+            index = window_index(now, self.policy.window)
+            closed = next((w for w in self._closed if w.index == index), None)
+            if closed is None:
+                return
+            closed.summary = None
+            ops = closed.ops
+        op = ops.get(operation)
+        if op is None:
+            saved, self._ops = self._ops, ops  # _operation() folds names into self._ops
+            try:
                 op = self._operation(operation)
-            op.joined += 1
+            finally:
+                self._ops = saved
+        op.joined += 1
 
     def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry,
                digest: int) -> bool:
