@@ -202,16 +202,30 @@ def test_a_joining_callee_s_answer_at_the_deadline_says_it_joins() -> None:
     assert parse_reply(response.headers[REPLY_HEADER]) == Reply(2, True, "deadline", joins=True)
 
 
-@pytest.mark.parametrize("reason", ["cap", "deadline", "overloaded"])
-def test_a_callee_s_own_refusal_before_its_app_runs_does_not_forget_that_it_joins(
-        reason: str) -> None:
-    """Its ledger's cap, a deadline already past, its concurrency limit: the join layer inside
-    never saw the question, so the reply cannot say ``j``; it does not say the callee stopped."""
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+@pytest.mark.parametrize("join", [True, False])
+def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
+        kind: str, join: bool) -> None:
+    """A deadline already past is refused by the middleware before its app (and the join layer
+    inside) sees the question. Once the join layer has announced itself, such a refusal says
+    ``j`` too, so that a caller, which believes the latest reply, goes on knowing that the callee
+    joins; a callee without a join layer never says it."""
+    from askonce.core.wire import QUESTION_HEADER, format_question
+
+    def asked(seconds: float) -> dict[str, str]:
+        return {QUESTION_HEADER: format_question(new_key(), "edge", True, 2, seconds)}
+
+    with callee(kind, join) as (url, work, _), httpx.Client(timeout=5.0) as http:
+        before = http.get(url + "/q", headers=asked(0.0))
+        http.get(url + "/warm", headers=asked(5.0))  # the join layer (if any) takes it: announced
+        after = http.get(url + "/q", headers=asked(0.0))
+    assert before.status_code == after.status_code == 503 and sum(work.runs.values()) == 1
+    assert parse_reply(before.headers[REPLY_HEADER]) == Reply(2, True, "deadline")
+    reply = parse_reply(after.headers[REPLY_HEADER])
+    assert reply == Reply(2, True, "deadline", joins=join)
     JOINERS.heard("svc:1", Reply(2, joins=True))
-    JOINERS.heard("svc:1", Reply(2, True, reason))
-    assert "svc:1" in JOINERS
-    JOINERS.heard("svc:1", Reply(2, True, "exhausted"))  # its app's answer without j: it stopped
-    assert "svc:1" not in JOINERS
+    JOINERS.heard("svc:1", reply)
+    assert ("svc:1" in JOINERS) is join
 
 
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])

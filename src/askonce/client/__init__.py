@@ -79,7 +79,7 @@ from askonce.core.retry import (
     fits,
     settle,
 )
-from askonce.core.wire import BEFORE_APP, Reply, format_question
+from askonce.core.wire import Reply, format_question
 from askonce.stores import admissions_of, default_store  # the store `@askonce.retry` layers share
 from askonce.stores.base import (
     AdmissionHandle,
@@ -220,10 +220,10 @@ def _heard(caller: Caller, call: _Call, tried: Tried) -> None:
 
 
 class Joiners:
-    """The targets whose latest reply said they join (``Reply.joins``; a reply without it for a
-    reason in ``BEFORE_APP`` changes nothing), at most ``limit`` of them (past it the oldest is
-    forgotten: a forgotten target's timed-out tries are lost again until it replies once more).
-    One per process (``JOINERS``), shared by every :class:`Caller`."""
+    """The targets whose latest reply said they join (``Reply.joins``: a server whose join layer
+    has announced itself says it on its own refusals too), at most ``limit`` of them (past it the
+    oldest is forgotten: a forgotten target's timed-out tries are lost again until it replies
+    once more). One per process (``JOINERS``), shared by every :class:`Caller`."""
 
     __slots__ = ("_lock", "_seen", "limit")
 
@@ -243,8 +243,6 @@ class Joiners:
         joins = reply is not None and reply.joins
         if joins == (target in seen):
             return  # the usual case: nothing changes, and no lock is taken
-        if not joins and reply is not None and reply.reason in BEFORE_APP:
-            return  # the callee's middleware answered before its app: says nothing of joining
         with self._lock:
             if not joins:
                 seen.pop(target, None)

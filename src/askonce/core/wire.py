@@ -48,9 +48,6 @@ REASONS = frozenset({"exhausted", "deadline", "overloaded", "cap", "breaker-open
                      "shed", "retried"})
 """Reasons defined in version 1. Other tokens are accepted (a newer peer's reason still means
 "do not retry") but reported as they came."""
-BEFORE_APP = frozenset({"cap", "deadline", "overloaded"})
-"""Reasons a server middleware answers with itself, before its app (and a join layer inside it)
-has seen the question: its ledger's cap, a deadline already past, its concurrency limit."""
 
 
 class Limits(Record):

@@ -143,6 +143,9 @@ def announce() -> None:
     arrival = recording()
     if isinstance(arrival, Arrival):
         arrival.joins = True
+        told = arrival.told
+        if told is not None and not told.joins:
+            told.joins = True  # the server's own refusals say j from now on
 
 
 def answered_by_run() -> None:
@@ -152,7 +155,7 @@ def answered_by_run() -> None:
     arrival = recording()
     if isinstance(arrival, Arrival) and arrival.on_joined is not None:
         note, arrival.on_joined = arrival.on_joined, None  # once per arrival
-        note(arrival.joined_as, arrival.joined_at)
+        note(arrival.joined_as, arrival.recorded_at)
 
 
 def detach() -> None:

@@ -200,6 +200,19 @@ class PassedOn(Exception):
         self.askonce_reply = reply
 
 
+class Joined:
+    """Whether a join layer inside this server has announced itself (``_join.announce``): from
+    then on the server's own refusals before its app runs (its ledger's cap, a deadline already
+    past, its concurrency limit) say ``j`` too, so that a caller does not forget that this callee
+    joins for a reply its join layer never saw. Set once, never unset (a server's middleware
+    stack does not change while it runs)."""
+
+    __slots__ = ("joins",)
+
+    def __init__(self) -> None:
+        self.joins = False
+
+
 class Arrival(Record):
     """One request at this layer: the bound question, how it came, what was decided before the app.
 
@@ -207,8 +220,8 @@ class Arrival(Record):
     (``askonce.client.replies``): one context variable for both, set once per request.
     """
 
-    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joined_at",
-                 "joins", "malformed", "on_joined", "serving", "slot")
+    __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joins",
+                 "malformed", "on_joined", "recorded_at", "serving", "slot", "told")
 
     def __init__(self, serving: Serving, malformed: bool) -> None:
         self.last = None
@@ -220,14 +233,15 @@ class Arrival(Record):
         self.answer: Answer | None = None
         self._noted: BaseException | None = None
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
+        self.told: Joined | None = None  # the server's own record that a join layer is inside
         self.detached = False  # others may join this run: a disconnect does not cancel it
         self.slot: float | None = None  # when it took a slot of the concurrency limit
-        # Tells the ledger that this counted arrival (of operation ``joined_as``, counted at
-        # ``joined_at``) was answered by a run it did not start: the server's ``joined``, set
+        # Tells the ledger that this counted arrival (of operation ``joined_as``, recorded at
+        # ``recorded_at``) was answered by a run it did not start: the server's ``joined``, set
         # when the ledger counted it.
         self.on_joined: Callable[[str, float], None] | None = None
         self.joined_as = ""
-        self.joined_at = 0.0
+        self.recorded_at = 0.0
 
     @property
     def noted(self) -> BaseException | None:
@@ -303,8 +317,8 @@ class _Values:
 class Server:
     """The framework-free half of a server middleware; see the module docstring."""
 
-    __slots__ = ("_joined", "_limiter", "_limiter_lock", "_lock", "_mint_secret", "_trust_all",
-                 "_verify", "options")
+    __slots__ = ("_joined", "_limiter", "_limiter_lock", "_lock", "_mint_secret", "_told",
+                 "_trust_all", "_verify", "options")
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
@@ -315,6 +329,7 @@ class Server:
         self._limiter = None if options.concurrency is None else Limiter(options.concurrency)
         self._limiter_lock = threading.Lock()
         self._joined = self.joined  # bound once: every attributable arrival carries it
+        self._told = Joined()
         # Every question that arrives is believed as sent: _trusted need not be asked.
         self._trust_all = options.trust is True or (options.trust is None
                                                     and not options.originator)
@@ -363,12 +378,14 @@ class Server:
                                      self._mint_secret)
             frame = (tab, ())
         arrival = Arrival(Serving(tab, minted), bool(values) and minted)
+        arrival.told = self._told
         # client.record_replies(arrival)
         arrival._tokens = (FRAME.set(frame), _give_ups.set(arrival))
         try:
             if o.ledger is not None and not self._record(arrival, request, route):
                 _stats.count("server.refused.cap")
-                arrival.answer = Answer(429, Reply(tab.account.left, True, "cap"))
+                arrival.answer = Answer(429, Reply(tab.account.left, True, "cap",
+                                                   joins=self._told.joins))
             elif (o.shed_deadline and arrival.deadline is not None
                   and arrival.deadline <= _stats.monotonic()):
                 _stats.count("server.shed.deadline")
@@ -398,7 +415,7 @@ class Server:
         pushback = limiter.policy.pushback
         ms = wire.to_ms(pushback, up=True)
         arrival.answer = Answer(503, Reply(arrival.serving.tab.account.left, True, "overloaded",
-                                           ms / 1000), -(-ms // 1000))
+                                           ms / 1000, self._told.joins), -(-ms // 1000))
 
     def done(self, arrival: Arrival, ok: bool) -> None:
         """A request that took a slot of the concurrency limit has ended (once; later calls do
@@ -504,7 +521,7 @@ class Server:
                 edge, origin = False, UNSIGNED
             if edge:
                 arrival.on_joined, arrival.joined_as = self._joined, operation
-                arrival.joined_at = now
+                arrival.recorded_at = now
             if lock is None:
                 return ledger.record(now, operation, key=tab.key, edge=edge, origin=origin,
                                      path=frame[1], principal=principal)
@@ -516,7 +533,7 @@ class Server:
             return True
 
     def joined(self, operation: str, at: float) -> None:
-        """Tell the ledger that an attributable arrival of ``operation``, counted at ``at``, was
+        """Tell the ledger that an attributable arrival of ``operation``, recorded at ``at``, was
         answered by a run it did not start (``Ledger.joined``: counted in the arrival's window); a
         ledger without it counts ``server.ledger.joined-unsupported`` instead."""
         joined, lock = getattr(self.options.ledger, "joined", None), self._lock
@@ -534,9 +551,9 @@ class Server:
 
     def deadline_answer(self, arrival: Arrival) -> Answer:
         """The 503 at the question's deadline; it says ``j`` when a join layer inside took the
-        question (its caller must not forget that this callee joins)."""
+        question, or has taken one before (its caller must not forget that this callee joins)."""
         return Answer(503, Reply(arrival.serving.tab.account.left, True, "deadline",
-                                 joins=arrival.joins))
+                                 joins=arrival.joins or self._told.joins))
 
     def failure(self, arrival: Arrival, exc: BaseException, *, count: bool = True) -> Answer | None:
         """The 503 for a give-up that escaped the app (or was noted), or ``None`` for other errors.
