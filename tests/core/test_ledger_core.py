@@ -746,11 +746,17 @@ def test_a_join_counts_in_the_window_of_its_arrival_after_that_window_closed() -
     ledger.record(9.5, "op", key="q", edge=True)  # a repeat that waits past the window's end
     ledger.record(10.5, "op", key="q", edge=True)  # another repeat, in the next window
     ledger.joined(10.5, "op", edge=True)
-    ledger.joined(9.5, "op", edge=True)  # answered at 11.0, counted at its arrival's time
-    first, second = ledger.report(11.0).find("op", start=0.0), ledger.report(11.0).find("op")
-    assert first is not None and (first.arrivals, first.joined, first.work_per_question) == (2, 1, 1)
+    ledger.joined(9.5, "op", edge=True)  # answered at 11.0, told at its arrival's time
+    report = ledger.report(11.0)
+    first, second = report.find("op", start=0.0), report.find("op", start=10.0)
+    assert first is not None
+    assert (first.arrivals, first.joined, first.work_per_question) == (2, 1, 1)
     assert second is not None and (second.joined, second.work_per_question) == (1, 0)
-    ledger.joined(9.0, "new", edge=True)  # an operation the closed window had not seen
-    assert ledger.report(11.0).find("new", start=0.0) is not None
+    # A window without the operation: its arrival was recorded late, in the window then current.
+    ledger.record(9.9, "late", key="r", edge=True)
+    ledger.joined(9.9, "late", edge=True)
+    late = ledger.report(11.0).find("late", start=10.0)
+    assert late is not None and (late.arrivals, late.joined) == (1, 1)
+    assert ledger.report(11.0).find("late", start=0.0) is None
     ledger.joined(-30.0, "op", edge=True)  # before the kept windows: its arrival is gone too
     assert sum(o.joined for o in ledger.report(11.0).operations if o.operation == "op") == 2

@@ -91,10 +91,11 @@ class MemoryLedger:
         with self._lock:
             return self.ledger.report(now)
 
-    def joined(self, now: float, operation: str, *, edge: bool) -> None:
-        """An arrival answered by a run it did not start (:meth:`Ledger.joined`)."""
+    def joined(self, at: float, operation: str, *, edge: bool) -> None:
+        """An arrival recorded at ``at`` answered by a run it did not start
+        (:meth:`Ledger.joined`)."""
         with self._lock:
-            self.ledger.joined(now, operation, edge=edge)
+            self.ledger.joined(at, operation, edge=edge)
 
     def note_dropped(self, n: int, reason: str) -> None:
         with self._lock:

@@ -198,34 +198,37 @@ class Ledger:
             op.overflowed = True
         return True
 
-    def joined(self, now: float, operation: str, *, edge: bool) -> None:
-        """An arrival recorded before was answered by work it did not start: it waited for the
-        run of its question in flight, or got that run's kept answer (``integrations.asgi_join``).
-        Counted, when ``edge`` (attributable), in the window of ``now``: pass the arrival's own
-        time, so that a join answered after its arrival's window closed is counted beside it (a
-        window whose joins outnumber its arrivals reports no more joins than arrivals). A time
-        before the kept windows counts nowhere: its arrival is no longer reported either. The
-        report's ``work_per_question`` is attributable arrivals less these, per question."""
-        if not now < self._end:
-            self._roll(now)
+    def joined(self, at: float, operation: str, *, edge: bool) -> None:
+        """An arrival recorded before, at ``at``, was answered by work it did not start: it waited
+        for the run of its question in flight, or got that run's kept answer
+        (``integrations.asgi_join``). Counted, when ``edge`` (attributable), beside its arrival:
+        in the kept window of ``at``, even after that window closed, so that a wait across a
+        window's end does not move the join to a window without its arrival. A window that holds
+        no arrival of ``operation`` (an arrival recorded late counts in the window then current)
+        sends the join to the current window; a time before the kept windows counts nowhere (its
+        arrival is no longer reported either). The report's ``work_per_question`` is attributable
+        arrivals less these, per question."""
+        if not at < self._end:
+            self._roll(at)
         if not edge:
             return
         ops = self._ops
         current = self._current
-        if current is not None and now < current.index * self.policy.window:
-            index = window_index(now, self.policy.window)
-            closed = next((w for w in self._closed if w.index == index), None)
-            if closed is None:
+        if current is not None:
+            index = window_index(at, self.policy.window)
+            if index < current.index - self.policy.windows_kept:
                 return
-            closed.summary = None
-            ops = closed.ops
+            if index < current.index:
+                closed = next((w for w in self._closed if w.index == index), None)
+                kept = None if closed is None else (closed.ops.get(operation)
+                                                    or closed.ops.get(OTHER))
+                if closed is not None and kept is not None:
+                    closed.summary = None
+                    kept.joined += 1
+                    return
         op = ops.get(operation)
         if op is None:
-            saved, self._ops = self._ops, ops  # _operation() folds names into self._ops
-            try:
-                op = self._operation(operation)
-            finally:
-                self._ops = saved
+            op = self._operation(operation)
         op.joined += 1
 
     def _again(self, op: OperationState, keys: dict[str, Entry], key: str, entry: Entry,

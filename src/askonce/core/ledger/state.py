@@ -230,7 +230,9 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
     counts.sort()
     top = max(counts[-1] if counts else 0, -ranked[0][0] if ranked else 0)
     amplification = ratio(op.attributable, distinct)
-    joined = min(op.joined, op.attributable)  # a join answered in a later window than its arrival
+    # Never more joins than arrivals: an arrival recorded out of order (two threads at a window's
+    # end) may have its join counted in the window beside its own.
+    joined = min(op.joined, op.attributable)
     per_key = PerKey(
         mean=amplification,
         p50=counts[math.ceil(0.5 * len(counts)) - 1] if counts else None,
