@@ -254,7 +254,7 @@ class Scenario:
     respond_async: bool = False
     # The target's slow arrivals take this many times the stack's own median answer, which a short
     # run of fast calls measures first (demo.runner): "20x the median" as the edge sees it, on any
-    # machine. None: ``target.slow_time`` as set (the in-process stack has no overhead of its own).
+    # machine. None: ``target.slow_time`` as set.
     slow_factor: float | None = None
     note: str = ""
 
@@ -305,9 +305,8 @@ def scenarios(quick: bool = False, seed: int = 1, budget: int = DEMO_BUDGET,
             target=TargetSettings(failure="slow", slow_share=0.02, slow_time=1.0,
                                   service_time=0.05, slots=64, seed=seed),
             hedge=True, join=False, slow_factor=20.0,
-            note="2% of arrivals take 20x the stack's median (measured first; 1 s against 50 ms "
-                 "in-process); no timeout is that short; askonce: the service hedges after its "
-                 "learned 97th percentile"),
+            note="2% of arrivals take 20x the stack's median (measured first); no timeout is "
+                 "that short; askonce: the service hedges after its learned 97th percentile"),
         "overload": Scenario(
             "overload", rate=64.0, duration=before + cut + after,
             target=TargetSettings(slots=8, service_time=0.1, seed=seed, concurrency=True),
