@@ -52,3 +52,21 @@ async def test_a_timeout_the_redis_call_swallowed_is_still_a_timeout() -> None:
     store = AsyncRedisStore("redis://127.0.0.1:1/0", op_timeout=0.01)
     with pytest.raises(TimeoutError):
         await store.run(swallowing(1))
+
+
+async def failing_after_swallowing() -> int:
+    """A call that swallows its task's cancellation and then fails with an error of its own."""
+    import redis
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(10)
+    raise redis.ConnectionError("closed while cancelled")
+
+
+async def test_a_cancellation_swallowed_before_a_redis_error_is_raised_not_fallen_back() -> None:
+    store = AsyncRedisStore("redis://127.0.0.1:1/0", op_timeout=5.0)
+    task = asyncio.create_task(store.run(failing_after_swallowing()))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -33,11 +33,17 @@ def pooled(module: Any, url: str, *, timeout: float, max_connections: int = MAX_
 
 
 async def kept_cancel(call: Awaitable[T]) -> T:
-    """``await call``; if the task was cancelled meanwhile and ``call`` returned anyway, raise
-    ``CancelledError``."""
+    """``await call``; if the task was cancelled meanwhile and ``call`` returned anyway, or failed
+    with an error of its own instead (a swallowed cancellation, then a Redis error), raise
+    ``CancelledError``: the caller was cancelled, and must not fall back and go on."""
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
-    result = await call
+    try:
+        result = await call
+    except Exception:
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError from None
+        raise
     if task is not None and task.cancelling() > before:
         raise asyncio.CancelledError
     return result
