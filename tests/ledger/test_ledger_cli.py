@@ -116,13 +116,31 @@ def test_audit_flags_that_make_no_sense_are_a_usage_error(flags: list[str], log:
 
 
 @pytest.mark.parametrize("content", [None, b"{not json\n", b"\x00\xff\xfe garbage\n", b"[1, 2]\n"])
-def test_audit_of_a_missing_or_malformed_file(content: bytes | None, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_audit_of_a_missing_or_unreadable_file(content: bytes | None, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """No line read at all: the figures cannot be had (1), said in one line; a bad line among good
+    ones is counted, not fatal (test_audit_command_table_and_json)."""
     path = tmp_path / "log.jsonl"
     if content is not None:
         path.write_bytes(content)
     code, err = run(["audit", "--json", str(path)], capsys)
-    assert code == (1 if content is None else 0), err  # a bad line is counted, not fatal
+    assert code == 1 and err.startswith("askonce audit: ") and len(err.splitlines()) == 1, err
+    if content is not None:
+        assert "none of its 1 lines could be read" in err
+
+
+def test_audit_of_an_nginx_log_read_as_json_lines_says_which_flag_reads_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "access.log"
+    path.write_bytes(b"".join(nginx(T0 + i, f"GET /p/{i} HTTP/1.1", header(key(i)))
+                              for i in range(3)))
+    code, err = run(["audit", str(path)], capsys)
+    assert code == 1 and "add --format nginx" in err and len(err.splitlines()) == 1, err
+    code, err = run(["audit", "--format", "nginx", "--json", str(path)], capsys)
+    assert code == 0, err
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    assert run(["audit", "--json", str(empty)], capsys)[0] == 0  # nothing to read: no arrivals
 
 
 @pytest.mark.parametrize("timeout", ["nan", "0", "-1", "inf", "soon"])

@@ -190,6 +190,10 @@ def _audit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"askonce audit: {exc}", file=sys.stderr)
         return 1
+    unread = _unread(result.lines, result.bad, fmt.kind)
+    if unread is not None:  # no line read at all: the figures cannot be had
+        print(f"askonce audit: {args.file}: {unread}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -197,6 +201,22 @@ def _audit(args: argparse.Namespace) -> int:
     bad = ", ".join(f"{reason} {n}" for reason, n in sorted(result.bad.items())) or "none"
     print(f"{result.lines} lines in {elapsed:.1f} s; bad lines: {bad}")
     return 0
+
+
+def _unread(lines: int, bad: dict[str, int], kind: str) -> str | None:
+    """Why not one of ``lines`` could be read, with a hint at the flag that reads them; ``None``
+    when some were (a bad line among good ones is counted, not fatal) or the log is empty."""
+    if not lines or sum(bad.values()) < lines:
+        return None
+    why = ", ".join(f"{reason} {n}" for reason, n in sorted(bad.items()))
+    if kind == "jsonl" and bad.get("json"):
+        hint = "not JSON lines: for an nginx access log, add --format nginx"
+    elif kind == "nginx":
+        hint = ("no line in the nginx layout: give the header's field (--field N) or a --regex; "
+                "the log_format to use is in docs/howto-proxies.md")
+    else:
+        hint = "see --time-field and --question-field"
+    return f"none of its {lines} lines could be read ({why}): {hint}"
 
 
 # --- the table ------------------------------------------------------------------------------------
