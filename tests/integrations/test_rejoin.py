@@ -41,6 +41,7 @@ class Work:
     def __init__(self) -> None:
         self.runs: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self.released = threading.Event()  # ends a run of ``/hold`` (at most 10 s)
 
     def run(self, path: str) -> float:
         """Count a run; how long it takes (``/warm`` is never slow)."""
@@ -57,6 +58,10 @@ def asgi_app(work: Work) -> Any:
         while (await receive()).get("more_body", False):
             pass
         await asyncio.sleep(work.run(scope["path"]))
+        for _ in range(1000 if scope["path"] == "/hold" else 0):
+            if work.released.is_set():
+                break
+            await asyncio.sleep(0.01)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"done"})
@@ -68,6 +73,8 @@ def wsgi_app(work: Work) -> Any:
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
         time.sleep(work.run(environ["PATH_INFO"]))
+        if environ["PATH_INFO"] == "/hold":
+            work.released.wait(10.0)
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"done"]
 
@@ -75,18 +82,20 @@ def wsgi_app(work: Work) -> Any:
 
 
 @contextmanager
-def callee(kind: str, join: bool) -> Iterator[tuple[str, Work, Ledger]]:
-    work, ledger = Work(), Ledger(LedgerPolicy())
+def callee(kind: str, join: bool, policy: LedgerPolicy = LedgerPolicy(),
+           **options: Any) -> Iterator[tuple[str, Work, Ledger]]:
+    """The callee; ``options``: more of the askonce middleware's (``concurrency=``)."""
+    work, ledger = Work(), Ledger(policy)
     if kind == "asgi":
         inner = asgi_app(work)
         app: Any = AskonceASGIMiddleware(JoinASGIMiddleware(inner) if join else inner,
-                                         layer="target", ledger=ledger)
+                                         layer="target", ledger=ledger, **options)
         with uvicorn_running(app) as url:
             yield url, work, ledger
     else:
         inner = wsgi_app(work)
         app = AskonceWSGIMiddleware(JoinWSGIMiddleware(inner) if join else inner, layer="target",
-                                    ledger=ledger)
+                                    ledger=ledger, **options)
         with waitress_running(app) as url:
             yield url, work, ledger
 
@@ -204,25 +213,58 @@ def test_a_joining_callee_s_answer_at_the_deadline_says_it_joins() -> None:
 
 @pytest.mark.parametrize("kind", ["asgi", "wsgi"])
 @pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("reason", ["deadline", "cap", "overloaded"])
 def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
-        kind: str, join: bool) -> None:
-    """A deadline already past is refused by the middleware before its app (and the join layer
-    inside) sees the question. Once the join layer has announced itself, such a refusal says
-    ``j`` too, so that a caller, which believes the latest reply, goes on knowing that the callee
-    joins; a callee without a join layer never says it."""
+        kind: str, join: bool, reason: str) -> None:
+    """A deadline already past, its ledger's cap, its concurrency limit: the middleware refuses
+    before its app (and the join layer inside) sees the question. Once the join layer has
+    announced itself, such a refusal says ``j`` too, so that a caller, which believes the latest
+    reply, goes on knowing that the callee joins; a callee without a join layer never says it."""
+    from askonce.core.concurrency import ConcurrencyPolicy
     from askonce.core.wire import QUESTION_HEADER, format_question
 
-    def asked(seconds: float) -> dict[str, str]:
-        return {QUESTION_HEADER: format_question(new_key(), "edge", True, 2, seconds)}
+    one = ConcurrencyPolicy(initial_limit=1, min_limit=1, max_limit=1)
+    policy = LedgerPolicy(cap=1) if reason == "cap" else LedgerPolicy()
+    options = {"concurrency": one} if reason == "overloaded" else {}
 
-    with callee(kind, join) as (url, work, _), httpx.Client(timeout=5.0) as http:
-        before = http.get(url + "/q", headers=asked(0.0))
+    def asked(seconds: float, key: str | None = None) -> dict[str, str]:
+        return {QUESTION_HEADER: format_question(key or new_key(), "edge", True, 2, seconds)}
+
+    def refused(http: httpx.Client, url: str) -> httpx.Response:
+        """One refusal of ``reason``, the app not run."""
+        if reason == "deadline":
+            return http.get(url + "/warm", headers=asked(0.0))
+        if reason == "cap":
+            key = new_key()
+            http.get(url + "/warm", headers=asked(5.0, key))  # the key's one arrival
+            return http.get(url + "/warm", headers=asked(5.0, key))
+        work.released.clear()
+        holding = threading.Thread(target=http.get, args=(url + "/hold",),
+                                   kwargs={"headers": asked(5.0)})
+        runs = sum(work.runs.values())
+        holding.start()  # it holds the one slot until released
+        for _ in range(1000):
+            if sum(work.runs.values()) > runs:
+                break
+            time.sleep(0.01)
+        try:
+            return http.get(url + "/warm", headers=asked(5.0))
+        finally:
+            work.released.set()
+            holding.join(10.0)
+
+    with callee(kind, join, policy, **options) as (url, work, _), \
+            httpx.Client(timeout=5.0) as http:
+        before = refused(http, url)
         http.get(url + "/warm", headers=asked(5.0))  # the join layer (if any) takes it: announced
-        after = http.get(url + "/q", headers=asked(0.0))
-    assert before.status_code == after.status_code == 503 and sum(work.runs.values()) == 1
-    assert parse_reply(before.headers[REPLY_HEADER]) == Reply(2, True, "deadline")
+        after = refused(http, url)
+    for response in (before, after):
+        assert response.status_code == (429 if reason == "cap" else 503)
+        assert parse_reply(response.headers[REPLY_HEADER]).reason == reason
+    if reason == "deadline":  # the others' refusals come after a request the join layer took
+        assert not parse_reply(before.headers[REPLY_HEADER]).joins
     reply = parse_reply(after.headers[REPLY_HEADER])
-    assert reply == Reply(2, True, "deadline", joins=join)
+    assert reply.joins is join and reply.dnr
     JOINERS.heard("svc:1", Reply(2, joins=True))
     JOINERS.heard("svc:1", reply)
     assert ("svc:1" in JOINERS) is join

@@ -40,9 +40,9 @@ async def kept_cancel(call: Awaitable[T]) -> T:
     before = task.cancelling() if task is not None else 0
     try:
         result = await call
-    except Exception:
+    except Exception as exc:
         if task is not None and task.cancelling() > before:
-            raise asyncio.CancelledError from None
+            raise asyncio.CancelledError from exc
         raise
     if task is not None and task.cancelling() > before:
         raise asyncio.CancelledError

@@ -230,8 +230,8 @@ def summarize(op: OperationState, name: str, start: float, end: float, current: 
     counts.sort()
     top = max(counts[-1] if counts else 0, -ranked[0][0] if ranked else 0)
     amplification = ratio(op.attributable, distinct)
-    # Never more joins than arrivals: an arrival recorded out of order (two threads at a window's
-    # end) may have its join counted in the window beside its own.
+    # Never more joins than arrivals in a window. (An arrival recorded out of order, two threads
+    # at a window's end, may have its join counted in the window beside its own: not corrected.)
     joined = min(op.joined, op.attributable)
     per_key = PerKey(
         mean=amplification,
