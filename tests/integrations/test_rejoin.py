@@ -44,13 +44,13 @@ class Work:
         self.released = threading.Event()  # ends a run of ``/hold`` (at most 10 s)
 
     def run(self, path: str) -> float:
-        """Count a run; how long it takes (``/warm`` is never slow)."""
+        """Count a run; how long it takes (``/warm`` and ``/hold`` are never slow)."""
         q = askonce.current()
         key = q.key if q is not None else "-"
         with self.lock:
             self.runs[key] += 1
             first = self.runs[key] == 1
-        return SLOW if first and path != "/warm" else 0.0
+        return SLOW if first and path not in ("/warm", "/hold") else 0.0
 
 
 def asgi_app(work: Work) -> Any:
@@ -224,7 +224,8 @@ def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
     from askonce.core.wire import QUESTION_HEADER, format_question
 
     one = ConcurrencyPolicy(initial_limit=1, min_limit=1, max_limit=1)
-    policy = LedgerPolicy(cap=1) if reason == "cap" else LedgerPolicy()
+    # A day's window: no window's end between the key's two arrivals.
+    policy = LedgerPolicy(cap=1, window=86_400.0) if reason == "cap" else LedgerPolicy()
     options = {"concurrency": one} if reason == "overloaded" else {}
 
     def asked(seconds: float, key: str | None = None) -> dict[str, str]:
@@ -239,12 +240,13 @@ def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
             http.get(url + "/warm", headers=asked(5.0, key))  # the key's one arrival
             return http.get(url + "/warm", headers=asked(5.0, key))
         work.released.clear()
-        holding = threading.Thread(target=http.get, args=(url + "/hold",),
-                                   kwargs={"headers": asked(5.0)})
+        held: list[int] = []
+        holding = threading.Thread(
+            target=lambda: held.append(http.get(url + "/hold", headers=asked(5.0)).status_code))
         runs = sum(work.runs.values())
         holding.start()  # it holds the one slot until released
         for _ in range(1000):
-            if sum(work.runs.values()) > runs:
+            if sum(work.runs.values()) > runs or not holding.is_alive():
                 break
             time.sleep(0.01)
         try:
@@ -252,6 +254,7 @@ def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
         finally:
             work.released.set()
             holding.join(10.0)
+            assert not holding.is_alive() and held == [200], held
 
     with callee(kind, join, policy, **options) as (url, work, _), \
             httpx.Client(timeout=5.0) as http:

@@ -126,7 +126,7 @@ def test_audit_of_a_missing_or_unreadable_file(content: bytes | None, tmp_path: 
     code, err = run(["audit", "--json", str(path)], capsys)
     assert code == 1 and err.startswith("askonce audit: ") and len(err.splitlines()) == 1, err
     if content is not None:
-        assert "none of its 1 lines could be read" in err
+        assert "no line of its 1 could be read" in err
 
 
 def test_audit_of_an_nginx_log_read_as_json_lines_says_which_flag_reads_it(

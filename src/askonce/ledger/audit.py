@@ -26,7 +26,8 @@ Two formats:
 
 A missing header (absent, empty, ``-``) is an unkeyed arrival; one that does not parse is malformed.
 A line that cannot be read at all (not JSON, no time, longer than 1 MiB) is a *bad line*: counted
-per reason (``askonce.stats()`` ``audit.bad.<reason>``, and as dropped in the report), never fatal.
+per reason (``askonce.stats()`` ``audit.bad.<reason>``, and as dropped in the report), never fatal
+here (``askonce audit`` exits 1 when not one line of a log could be read).
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def _audit(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"askonce audit: {exc}", file=sys.stderr)
         return 1
-    unread = _unread(result.lines, result.bad, fmt.kind)
+    unread = _unread(result, fmt.kind)
     if unread is not None:  # no line read at all: the figures cannot be had
         print(f"askonce audit: {args.file}: {unread}", file=sys.stderr)
         return 1
@@ -203,20 +203,25 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unread(lines: int, bad: dict[str, int], kind: str) -> str | None:
-    """Why not one of ``lines`` could be read, with a hint at the flag that reads them; ``None``
-    when some were (a bad line among good ones is counted, not fatal) or the log is empty."""
-    if not lines or sum(bad.values()) < lines:
+def _unread(result: Any, kind: str) -> str | None:
+    """Why no line of the log could be read, with a hint at the flag that reads them; ``None``
+    when one was (a bad line among good ones is counted, not fatal) or the log is empty."""
+    if not result.lines or result.first is not None:
         return None
+    bad: dict[str, int] = result.bad
     why = ", ".join(f"{reason} {n}" for reason, n in sorted(bad.items()))
-    if kind == "jsonl" and bad.get("json"):
+    if bad.get("too-long"):
+        hint = "lines over 1 MiB are not read"
+    elif kind == "jsonl" and bad.get("json"):
         hint = "not JSON lines: for an nginx access log, add --format nginx"
+    elif kind == "nginx" and bad.get("regex"):
+        hint = "the --regex matched no line"
     elif kind == "nginx":
-        hint = ("no line in the nginx layout: give the header's field (--field N) or a --regex; "
-                "the log_format to use is in docs/howto-proxies.md")
+        hint = ("no [$time_local] where nginx's layout has it: JSON lines need --format jsonl, "
+                "another layout a --regex (docs/ledger.md, \"Auditing access logs\")")
     else:
-        hint = "see --time-field and --question-field"
-    return f"none of its {lines} lines could be read ({why}): {hint}"
+        hint = "no time where --time-field says"
+    return f"no line of its {result.lines} could be read ({why}): {hint}"
 
 
 # --- the table ------------------------------------------------------------------------------------
