@@ -466,6 +466,44 @@ def test_a_try_timed_out_by_grpc_reattaches_to_the_run_and_gets_its_answer(
 
 
 @pytest.mark.parametrize("client", ["sync", "aio"])
+def test_a_try_timed_out_by_grpc_is_no_word_that_the_callee_stopped_joining(
+        callee: Callee, client: str) -> None:
+    """gRPC's own DEADLINE_EXCEEDED carries no reply of the callee: the client goes on knowing
+    that it joins (had it forgotten, its next calls would be capped at ``attempt_timeout``)."""
+    from askonce.client import JOINERS
+
+    policy = ClientPolicy(layer="svc", bucket=None)
+    if client == "sync":
+        with grpc.insecure_channel(callee.url, options=channel_options()) as raw:
+            channel = grpc.intercept_channel(raw, AskonceClientInterceptor(policy,
+                                                                           target=callee.url))
+            with askonce.question(budget=4, deadline=10.0):
+                channel.unary_unary(method("Quick"))(b"warm", timeout=10.0)
+            assert callee.url in JOINERS
+            with askonce.question(budget=0, deadline=10.0), pytest.raises(grpc.RpcError) as lost:
+                channel.unary_unary(method("Slow"))(b"q", timeout=TIMEOUT)
+        code = lost.value.code()
+    else:
+        async def go() -> grpc.StatusCode:
+            interceptor = AsyncAskonceClientInterceptor(policy, target=callee.url)
+            async with aio.insecure_channel(callee.url, options=channel_options(),
+                                            interceptors=[interceptor]) as channel:
+                async with askonce.question(budget=4, deadline=10.0):
+                    await channel.unary_unary(method("Quick"))(b"warm", timeout=10.0)
+                assert callee.url in JOINERS
+                try:
+                    async with askonce.question(budget=0, deadline=10.0):
+                        await channel.unary_unary(method("Slow"))(b"q", timeout=TIMEOUT)
+                except grpc.RpcError as error:
+                    return error.code()
+                raise AssertionError("the slow call answered within its timeout")
+
+        code = asyncio.run(go())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert callee.url in JOINERS
+
+
+@pytest.mark.parametrize("client", ["sync", "aio"])
 def test_the_policys_attempt_timeout_gives_way_to_waiting_for_a_joining_callee(
         callee: Callee, client: str) -> None:
     policy = ClientPolicy(layer="svc", bucket=None, attempt_timeout=TIMEOUT,

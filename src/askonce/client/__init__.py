@@ -178,11 +178,14 @@ def _answered(exchange: Exchange[R] | AsyncExchange[R], response: R, call: _Call
 def _judged(outcome: Outcome, response: Any, call: _Call) -> Tried:
     failure = outcome.failure
     if call.joiners is not None:
-        call.joiners.heard(call.target, outcome.reply)
-        # A status the client's own library made (gRPC's deadline) toward a callee that joins:
-        # the try is lost, but its work may go on there, as for a timeout that raised.
-        if failure is not None and failure.delivery == LOST and call.joins:
-            failure = replace(failure, joinable=True)
+        if failure is not None and failure.delivery == LOST:
+            # A status the client's own library made (gRPC's deadline): no word from the callee,
+            # so nothing is learned of its joining. Toward a callee that joins the try is lost,
+            # but its work may go on there, as for a timeout that raised.
+            if call.joins:
+                failure = replace(failure, joinable=True)
+        else:
+            call.joiners.heard(call.target, outcome.reply)
     return Tried(failure, outcome.health, outcome.reply, ANSWERED, response=response)
 
 
