@@ -25,6 +25,7 @@ from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
 from askonce.integrations.httpx import AskonceTransport, AsyncAskonceTransport
 from e2e_services import uvicorn_running
+from stats_delta import delta
 
 
 class Effects:
@@ -102,12 +103,13 @@ def test_a_post_s_side_effect_happens_once_per_question_behind_two_retrying_laye
                          timeout=30.0) as http, concurrent.futures.ThreadPoolExecutor(16) as pool:
         http.post(a_url + "/orders", content=b"warm")  # the layers learn that their callees join
         effects.done.clear()
+        before = askonce.stats()
         answers = list(pool.map(
             lambda i: http.post(a_url + "/orders", content=f"order {i}".encode()),
             range(questions)))
     failed = Counter(f"{r.status_code} {r.headers.get('askonce-reply')} {r.text[:120]}"
                      for r in answers if r.status_code != 200)
-    assert not failed, failed
+    assert not failed, (failed, delta(before))  # the counters say what a layer went through
     assert len(effects.done) == questions and set(effects.done.values()) == {1}
     for op in ledger.report(now=time.time()).operations:
         assert op.per_key.max is not None and op.per_key.max <= 1 + budget

@@ -30,6 +30,7 @@ from askonce.integrations.wsgi import AskonceWSGIMiddleware
 from askonce.integrations.wsgi_join import JoinWSGIMiddleware
 from askonce.propagation import new_key
 from e2e_services import uvicorn_running, waitress_running
+from stats_delta import delta
 
 SLOW = 0.8  # seconds the first run of a question takes: longer than the client's attempt timeout
 TIMEOUT = 0.3  # the client's per-attempt timeout
@@ -194,8 +195,10 @@ def test_a_callee_that_stops_joining_is_no_longer_rejoined() -> None:
         assert default_target(httpx.Request("GET", url)) in JOINERS
     with callee("asgi", join=False) as (url, _, _), client() as http:
         JOINERS.heard(default_target(httpx.Request("GET", url)), Reply(2, joins=True))
+        before = askonce.stats()
         http.get(url + "/warm")
         assert default_target(httpx.Request("GET", url)) not in JOINERS
+        assert delta(before).get("client.joiners.forgot") == 1  # counted
 
 
 def test_a_joining_callee_s_answer_at_the_deadline_says_it_joins() -> None:

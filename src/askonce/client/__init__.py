@@ -248,7 +248,8 @@ class Joiners:
             return  # the usual case: nothing changes, and no lock is taken
         with self._lock:
             if not joins:
-                seen.pop(target, None)
+                if seen.pop(target, False) is None:  # it was there: counted, as it changes waits
+                    _stats.count("client.joiners.forgot")
             elif target not in seen:
                 if len(seen) >= self.limit:
                     seen.pop(next(iter(seen)), None)
