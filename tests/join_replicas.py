@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 import askonce
+from asgi_body import read_body
 from askonce.core.join import JoinPolicy
 from askonce.integrations.asgi import AskonceASGIMiddleware
 from askonce.integrations.asgi_join import JoinASGIMiddleware
@@ -40,12 +41,7 @@ def app() -> Any:
     counter = redis.Redis.from_url(url)
 
     async def handler(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         q = askonce.current()
         runs = int(counter.incr(f"runs:{q.key if q is not None else '-'}"))
         if scope["path"] == "/slow":

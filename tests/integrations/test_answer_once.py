@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 import askonce
+from asgi_body import read_body
 from askonce.client import ClientPolicy
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.integrations.asgi import AskonceASGIMiddleware
@@ -39,12 +40,7 @@ class Effects:
         self.lock = threading.Lock()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         q = askonce.current()
         key = q.key if q is not None else "-"
         with self.lock:
@@ -78,12 +74,7 @@ def _layer(name: str, downstream: str) -> Any:
         httpx.AsyncHTTPTransport(), policy=policy), timeout=30.0)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         try:
             response = await client.post(downstream + "/orders", content=body)
             status, out = response.status_code, response.content

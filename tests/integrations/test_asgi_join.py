@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 import askonce
+from asgi_body import read_body
 from askonce.core.join import JoinPolicy
 from askonce.core.ledger import Ledger, LedgerPolicy
 from askonce.core.wire import QUESTION_HEADER, format_question
@@ -32,12 +33,7 @@ class Handler:
         self.runs: Counter[str] = Counter()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         q = askonce.current()
         self.runs[q.key if q is not None else "-"] += 1
         path = scope["path"]
