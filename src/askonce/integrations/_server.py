@@ -223,7 +223,7 @@ class Arrival(Record):
     __slots__ = ("_noted", "_tokens", "answer", "deadline", "detached", "joined_as", "joins",
                  "malformed", "on_joined", "recorded_at", "serving", "slot", "told")
 
-    def __init__(self, serving: Serving, malformed: bool) -> None:
+    def __init__(self, serving: Serving, malformed: bool, told: Joined | None = None) -> None:
         self.last = None
         self._tokens: tuple[Any, ...] = ()
         self.serving = serving
@@ -233,7 +233,7 @@ class Arrival(Record):
         self.answer: Answer | None = None
         self._noted: BaseException | None = None
         self.joins = False  # a join middleware inside answers for this question (reply ``j``)
-        self.told: Joined | None = None  # the server's own record that a join layer is inside
+        self.told = told  # the server's own record that a join layer is inside
         self.detached = False  # others may join this run: a disconnect does not cancel it
         self.slot: float | None = None  # when it took a slot of the concurrency limit
         # Tells the ledger that this counted arrival (of operation ``joined_as``, recorded at
@@ -377,8 +377,7 @@ class Server:
             tab = propagation.minted_tab(o.layer, o.originator, o.budget, o.deadline, o.limits, now,
                                      self._mint_secret)
             frame = (tab, ())
-        arrival = Arrival(Serving(tab, minted), bool(values) and minted)
-        arrival.told = self._told
+        arrival = Arrival(Serving(tab, minted), bool(values) and minted, self._told)
         # client.record_replies(arrival)
         arrival._tokens = (FRAME.set(frame), _give_ups.set(arrival))
         try:
