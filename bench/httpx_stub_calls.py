@@ -8,7 +8,10 @@ a child under valgrind's cachegrind; a case's figure is a run of ``--large`` cal
 the load of other processes, unlike timings.
 
 Cases: ``bare`` (plain client), ``header`` (the floor), ``bound`` (``AskonceTransport`` inside a
-bound question), ``minted`` (nothing bound: a question minted per call). Each ``--compare SRC`` runs
+bound question), ``minted`` (nothing bound: a question minted per call), and two that bound what
+any transport doing the job must cost: ``wrap`` (a transport wrapping the stub that sets the
+constant header) and ``essence`` (the least of the job written as a peer would: the header from the
+bound question, the reply's budget read back; no retry loop, breaker or admission). Each ``--compare SRC`` runs
 the askonce cases again with askonce imported from another source tree, in the same run.
 
     python bench/httpx_stub_calls.py                                  # about 3 min on 2 CPUs
@@ -22,12 +25,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 VALGRIND = ("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null")
-KINDS = ("bare", "header", "bound", "minted")
+KINDS = ("bare", "header", "bound", "minted", "wrap", "essence")
 ASKONCE_KINDS = ("bound", "minted")
 
 
@@ -37,6 +41,7 @@ def calls(kind: str, n: int) -> None:
 
     import askonce
     from askonce import RetryPolicy
+    from askonce._context import FRAME
     from askonce.client import ClientPolicy
     from askonce.core import wire
     from askonce.core.question import Hop, mint_key
@@ -50,13 +55,49 @@ def calls(kind: str, n: int) -> None:
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             return httpx.Response(200, content=b"hello, world\n")
 
+    class Wrap(httpx.BaseTransport):
+        """The least a transport that writes the header does: wrap the inner one, set a constant."""
+
+        def __init__(self, inner: httpx.BaseTransport) -> None:
+            self.inner = inner
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            request.headers["askonce-question"] = question
+            return self.inner.handle_request(request)
+
+    class Essence(Wrap):
+        """The least of ``AskonceTransport``'s job, written as a peer would: the header from the
+        bound question (its key, budget, time left and path, this layer's hop added), the reply's
+        budget read back. No retry loop, breaker, admission, escrow, give-up record or idempotency
+        check."""
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            frame = FRAME.get()
+            if frame is None:
+                return self.inner.handle_request(request)
+            tab, path = frame
+            left = None if tab.deadline is None else tab.deadline - time.monotonic()
+            request.headers["askonce-question"] = wire.format_question(
+                tab.key, tab.origin, tab.edge, tab.account.left, left, (*path, hop))
+            response = self.inner.handle_request(request)
+            text = response.headers.get("askonce-reply")
+            if text is not None:
+                reply = wire.parse_reply(text)
+                if type(reply) is wire.Reply and reply.budget < tab.account.left:
+                    tab.account.left = reply.budget
+            return response
+
+    hop = Hop("bench", 1)
     client = {"bare": lambda: httpx.Client(transport=Stub()),
+              "wrap": lambda: httpx.Client(transport=Wrap(Stub())),
+              "essence": lambda: httpx.Client(transport=Essence(Stub())),
               "header": lambda: httpx.Client(transport=Stub(),
                                              headers={"askonce-question": question}),
               "bound": lambda: httpx.Client(transport=AskonceTransport(Stub(), policy=policy)),
               "minted": lambda: httpx.Client(transport=AskonceTransport(Stub(), policy=policy)),
               }[kind]()
-    bound = askonce.question(budget=2, deadline=600.0) if kind == "bound" else None
+    bound = (askonce.question(budget=2, deadline=600.0) if kind in ("bound", "essence")
+             else None)
     with bound or contextlib.nullcontext(), client:
         for _ in range(n):
             client.get("http://stub/").raise_for_status()
@@ -175,8 +216,8 @@ if __name__ == "__main__":
                     help="instructions of each piece of a bound call instead (runs, not calls)")
     ap.add_argument("--small", type=int, default=100)
     ap.add_argument("--large", type=int, default=400)
-    ap.add_argument("--kinds", default=",".join(ASKONCE_KINDS),
-                    help="askonce cases to run (bare and header always run)")
+    ap.add_argument("--kinds", default=",".join((*ASKONCE_KINDS, "wrap", "essence")),
+                    help="cases to run besides bare and header, which always run")
     ap.add_argument("--compare", action="append", default=[], metavar="SRC",
                     help="also the askonce cases with askonce from this source tree")
     ap.add_argument("--jobs", type=int, default=2, help="children at once (default 2)")
