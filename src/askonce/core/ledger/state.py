@@ -131,7 +131,7 @@ class OperationState:
         hll, heavy = self._hll, self._heavy
         assert hll is not None and heavy is not None
         # A register keeps its maximum: once per key. dict.fromkeys, not set: the distinct keys in
-        # arrival order, as they lie in memory (a set's order scatters the reads; 1.8x slower).
+        # arrival order, as they lie in memory (a set's order scatters the reads).
         hll.add_hashes(key_digests(dict.fromkeys(items)))
         heavy.add_each(items)
 
