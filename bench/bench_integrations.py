@@ -675,6 +675,7 @@ def profile(n: int = 20_000) -> None:
         ("... and shed_deadline=False", AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
                                                               shed_deadline=False), scope["headers"]),
         ("pass-through middleware adding a header", passthrough(hello), scope["headers"]),
+        ("the job's essence (find, parse, bind, reply)", essence(hello), scope["headers"]),
         *((f"reference: {REFERENCE_NAMES[ref]}", REFERENCES[ref][1](hello), scope["headers"]) for ref in references())]
 
     async def table() -> dict[str, list[float]]:
