@@ -698,7 +698,7 @@ async def test_the_sweep_leaves_no_timer_to_wake_an_idle_loop_once_its_last_requ
     assert ex.sent[0]["status"] == 200
     assert sweep_timers(loop) == []  # nothing runs: nothing to visit
     # Two at once: the first to end leaves the sweep to the other, which still has its deadline.
-    exs = [Exchange(question(deadline_ms=5000)) for _ in range(2)]
+    exs = [Exchange(question(deadline_ms=5000)), Exchange(question(deadline_ms=100))]
     first = asyncio.ensure_future(mw(exs[0].scope, exs[0].receive, exs[0].send))
     await asyncio.sleep(SWEEP_EVERY)
     late = asyncio.ensure_future(AskonceASGIMiddleware(sleepy, layer="api")(
@@ -706,8 +706,16 @@ async def test_the_sweep_leaves_no_timer_to_wake_an_idle_loop_once_its_last_requ
     await first
     assert sweep_timers(loop)  # the second still runs
     await late
-    assert [e.sent[0]["status"] for e in exs] == [200, 200]
+    assert [e.sent[0]["status"] for e in exs] == [200, 503]  # cut at its deadline, not at 0.2 s
     assert sweep_timers(loop) == []
+
+
+async def test_every_request_of_a_crowded_batch_keeps_its_deadline() -> None:
+    # More requests start in one turn of the loop than a batch holds before it drops ended ones.
+    mw = AskonceASGIMiddleware(sleepy, layer="api")
+    exs = [Exchange(question(deadline_ms=150)) for _ in range(300)]
+    await asyncio.gather(*(mw(ex.scope, ex.receive, ex.send) for ex in exs))
+    assert [i for i, ex in enumerate(exs) if ex.sent[0]["status"] != 503] == []
 
 
 def test_a_loop_stopped_with_requests_queued_for_the_sweep_can_be_collected() -> None:
@@ -746,6 +754,19 @@ async def test_a_request_leaves_no_cycle_for_the_garbage_collector() -> None:
     try:
         for headers in (question(), {}, {QUESTION_HEADER: "v=1, k=nope"}, question(deadline_ms=0)):
             await asyncio.create_task(mw(*_args(Exchange(headers))))  # a task per request, as servers run them
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:  # past the sweep's first visit
+        await asyncio.sleep(3 * SWEEP_EVERY)
+        await quick(scope, receive, send)
+
+    mw = AskonceASGIMiddleware(slow, layer="api")
+    gc.collect()
+    gc.disable()
+    try:  # its deadline in the sweep's heap, its watch queued: both let go when it ends
+        await asyncio.create_task(mw(*_args(Exchange(question()))))
         assert gc.collect() == 0
     finally:
         gc.enable()

@@ -173,9 +173,9 @@ class AskonceASGIMiddleware:
                 await _send_answer(send, arrival.answer)
                 return
             ex = _Exchange(self, arrival, receive, send)
+            ex.running = True  # before start: a compaction of the batch keeps running requests
             if self._timed:
                 receive = ex.start(expect)
-            ex.running = True
             try:
                 await self.app(scope, receive, ex.send)
             except asyncio.CancelledError:
@@ -254,7 +254,7 @@ class _Sweep:
         self.poll_at = math.inf
         self.live = 0
         self.running = 0  # requests started and not finished
-        self.rested = -math.inf  # when it may rest again (askonce's clock)
+        self.rested = -math.inf  # when it may rest again (the loop's clock)
         self.seq = itertools.count()  # ties in the heap never compare exchanges
         self.at = math.inf  # when the timer fires (``loop.time()``); inf: not armed
         self.timer: Callable[[], asyncio.TimerHandle | None] = _no_timer
@@ -275,11 +275,12 @@ class _Sweep:
     def rest(self) -> None:
         """No request of the loop is running: what is queued is of ended ones, and the timer is
         cancelled, so that a loop with nothing else to do is not woken to find nothing here."""
-        self.opened = self.at = _INF
+        self.opened, self.limit = _INF, _BATCH
         timer = self.timer()
         if timer is not None:
             timer.cancel()
-            self.timer = _no_timer
+            self.at, self.timer = _INF, _no_timer
+        # else: no timer, or one that cannot be cancelled (not weakly referenced): it fires
         if self.batch:
             self.batch.clear()
         if self.deadlines:
@@ -542,14 +543,7 @@ class _Exchange:
         if self.running:
             self.running = False
             sweep = self.sweep
-            if (sweep is not None and sweep.running == 1
-                    and (now := _stats.monotonic()) >= sweep.rested):
-                # The loop's last running request: nothing is left to visit. At most once per
-                # SWEEP_EVERY: a busy loop keeps its one timer rather than set one per request.
-                sweep.rested = now + SWEEP_EVERY
-                sweep.running = sweep.live = 0
-                sweep.rest()
-            elif sweep is not None:
+            if sweep is not None:
                 sweep.running -= 1
                 batch = sweep.batch
                 if batch and batch[-1] is self:
@@ -564,6 +558,14 @@ class _Exchange:
                 if place is not None:
                     self.place = None
                     place[0][place[1]] = None
+                if sweep.running == 0:
+                    loop = _running_loop()
+                    # The loop's last running request: nothing is left to visit. At most once
+                    # per SWEEP_EVERY: a busy loop keeps its one timer rather than set one per
+                    # request.
+                    if loop is not None and (now := loop.time()) >= sweep.rested:
+                        sweep.rested = now + SWEEP_EVERY
+                        sweep.rest()
             if self.pump is not None:
                 self.pump.cancel()
             if self.reason is not None and self.task is not None:
