@@ -15,8 +15,8 @@ and the TCP connections opened per question to the stack's ports (the sockets in
 ``/proc/net/tcp`` after the run that were not there before, TIME-WAIT included: a run is shorter
 than the 60 s a closed connection stays there): a request cut off by a timeout or a cancellation
 costs its keep-alive connection, and a new one later. And the stack's sleeps per question: the
-voluntary context switches of the four processes (every thread), each an event loop or a thread
-woken from waiting, by a socket or a timer.
+voluntary context switches of the four processes (every thread alive at both reads), each a
+thread that waited, on a socket, a timer or a lock, and was woken.
 
 ``--pieces``: no processes; each layer's code called in this process on stub transports (no sockets,
 no server), naive, askonce, and askonce without one piece at a time (the join middleware, the
