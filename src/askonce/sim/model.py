@@ -34,6 +34,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
+from heapq import heappush
 from math import log
 from typing import ClassVar
 
@@ -69,6 +70,8 @@ from askonce.sim.hedging import Hedging
 from askonce.sim.world import Policy, Stats, World
 
 _new_tuple = tuple.__new__
+# A target's plain answers (the budget only), shared: a Reply is immutable.
+_REPLIES = tuple(Reply(n) for n in range(64))
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
@@ -112,21 +115,23 @@ class Call:
     started: float  # at the target: when the work began
     arrived: float  # at the target, under a concurrency limit: when its slot was taken
 
-    def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None) -> None:
+    def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None, budget: int = 0,
+                 remaining: float | None = None, path: tuple[Hop, ...] = (), rejoin: bool = False,
+                 asks: bool = False, patience: float | None = None) -> None:
         self.asked = asked
         self.layer = layer  # None: the target
         self.parent = parent
         self.out: Call | None = None  # the attempt this hop is waiting for
-        self.budget = 0
-        self.remaining: float | None = None  # the seconds the attempt gave the callee (propagated)
-        self.path: tuple[Hop, ...] = ()
+        self.budget = budget
+        self.remaining = remaining  # the seconds the attempt gave the callee (propagated)
+        self.path = path
         self.reply: Reply | None = None
         self.ok = False
-        self.rejoin = False  # a re-attach: joined, or refused, never run
+        self.rejoin = rejoin  # a re-attach: joined, or refused, never run
         self.waiting = False  # at the target, under a concurrency limit: in the queue
-        self.asks = False  # asks respond-async (Policy.respond_async, toward a callee that joins)
+        self.asks = asks  # asks respond-async (Policy.respond_async, toward a callee that joins)
         self.accepted = False  # answered 202: its caller polls, the answer goes to the polls
-        self.patience: float | None = None  # the caller's per-attempt timeout (caps each poll)
+        self.patience = patience  # the caller's per-attempt timeout (caps each poll)
 
 
 class Run:
@@ -216,6 +221,10 @@ class Sim:
         self._clock: Callable[[], float] = partial(getattr, self.engine, "now")
         self._random = self.rng.random
         self._at = self.engine.at
+        # The engine's heap and counter: the hot paths push ``(when, next(seq), fn, arg)``
+        # themselves (``Engine.at`` written out: a Python-level call less per event).
+        self._heap, self._seq = self.engine.heap, self.engine.seq
+        self._own_fails = failures is None  # the world's failure draw: inline at the target
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
         self._edge_rejoins = self._join and policy.edge_rejoins
@@ -282,18 +291,19 @@ class Sim:
         return w.error_rate > 0 and self.rng.random() < w.error_rate
 
     def on_issue(self, n: int) -> None:
-        w, p, rng, now = self.world, self.policy, self.rng, self.engine.now
+        w, rng, now = self.world, self.rng, self.engine.now
         # rng.expovariate(w.rate) and rng.randbytes(16) written out, the same draws
         # (tests/sim/test_fast_paths.py): a Python-level call less each, once per question.
         gap = 1 / w.rate if w.even else -log(1.0 - rng.random()) / w.rate
         if now + gap < w.duration:
-            self._at(now + gap, self._on_issue, n + 1)
+            heappush(self._heap, (now + gap, next(self._seq), self._on_issue, n + 1))
         client = n % w.clients if w.even else int(rng.random() * w.clients)
         key = mint_key(int(now * 1000), rng.getrandbits(128).to_bytes(16, "little"))
-        q = Asked(key, client, now, now + w.deadline)
+        due = now + w.deadline
+        q = Asked(key, client, now, due)
         self.stats.issue(now)
-        if p.propagate:
-            tab = Tab(key, "client", True, Account(p.budget), now + w.deadline)
+        if self._propagate:
+            tab = Tab(key, "client", True, Account(self.policy.budget), due)
         else:
             tab = Tab(key, "client", True, Account(_UNSPENDABLE), None)
         self._serve(Call(q, self.layers[0], None), tab, (), now)
@@ -304,23 +314,38 @@ class Sim:
         layer = c.layer
         assert layer is not None
         c.tab, c.path = tab, path
+        buckets, breakers, admissions = layer.buckets, layer.breakers, layer.admissions
+        if buckets is None and breakers is None and self._first_without_loop:
+            admission = (None if admissions is None
+                         else admissions[c.asked.client if layer.per_client else 0])
+            c.state = state = RetryState(layer.retry, tab, layer.name)
+            c.guard = admission
+            c.loop = None
+            # The first attempt without the loop, as the client's fast path makes it: the loop
+            # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.
+            # (A new state is never a re-attach: admission asks about it.)
+            action = state.start(now)
+            if type(action) is not Attempt:
+                self._finish(c, False, action.reply, now)  # type: ignore[union-attr]
+            elif admission is not None and not admission.admit(now, self._random()):
+                self._finish(c, False, state.refused().reply, now)
+            else:
+                self._send(c, action, now)
+            return
         inst = c.asked.client if layer.per_client else 0
-        bucket = None if layer.buckets is None else layer.buckets[inst]
-        breaker = None if layer.breakers is None else layer.breakers[inst]
-        admission = None if layer.admissions is None else layer.admissions[inst]
+        bucket = None if buckets is None else buckets[inst]
+        breaker = None if breakers is None else breakers[inst]
+        admission = None if admissions is None else admissions[inst]
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
         c.guard = admission
         if breaker is None and self._first_without_loop:
             c.loop = None
-            # The first attempt without the loop, as the client's fast path makes it: the loop
-            # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.
             action = state.start(now)
             if type(action) is not Attempt:
                 self._finish(c, False, action.reply, now)  # type: ignore[union-attr]
-            elif (admission is not None and not state.rejoin
-                  and not admission.admit(now, self._random())):
+            elif admission is not None and not admission.admit(now, self._random()):
                 self._finish(c, False, state.refused().reply, now)
             else:
                 self._send(c, action, now)
@@ -331,13 +356,27 @@ class Sim:
 
     def on_arrive(self, c: Call) -> None:
         now = self.engine.now
-        if c.layer is None:
+        layer = c.layer
+        if layer is None:
             self._target_arrive(c, now)
             if c.asked.live == 0:  # its caller had already finished (a hedge that lost, in flight)
                 self.stats.close(c.asked)
         elif self._propagate:
-            tab, path = self._receive(c, now)
-            if self._join and self._joined(c.layer.name, c, tab.left, now):
+            if self.wire_text:
+                tab, path = self._receive(c, now)
+            else:  # _receive, inline
+                parent = c.parent
+                assert parent is not None
+                sender, limits, rem = parent.tab, self._limits, c.remaining
+                deadline = None
+                if rem is not None:
+                    seconds = wire_ms(rem, up=False) / 1000
+                    deadline = now + (seconds if seconds < limits.max_deadline
+                                      else limits.max_deadline)
+                budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
+                tab = Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
+                path = c.path
+            if self._join and self._joined(layer.name, c, tab.left, now):
                 return
             if c.asks:
                 self._accept(c, now)
@@ -408,33 +447,36 @@ class Sim:
     def _send(self, c: Call, act: Attempt, now: float) -> None:
         layer = c.layer
         assert layer is not None
-        child = Call(c.asked, layer.nxt, c)
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
         # own, the question's deadline only (a transport's timeout it keeps).
         rejoins = self._join and (c.parent is not None or self._edge_rejoins)  # _rejoins(c)
-        timeout = None if rejoins and self._lifted else self._timeout
+        patience = self._timeout
+        timeout = None if rejoins and self._lifted else patience
         hedging = self.hedging
         delay = None if hedging is None else hedging.plan(c, act.number, now)
+        asked = c.asked
         if self._propagate:
             state = c.state
-            child.budget = state.forward()
+            budget = state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
             # the tighter of deadline and patience
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child.remaining = state.given(rem, self._grace, now, rejoins)
-            child.path = (*c.path, act.hop)
-            child.rejoin = state.rejoin
+            remaining = state.given(rem, self._grace, now, rejoins)
+            rejoin = state.rejoin
             # A re-attach is never answered 202 (the callee joins it to the run, or refuses it).
-            child.asks = self._async and rejoins and not child.rejoin
-            child.patience = self._timeout
+            child = Call(asked, layer.nxt, c, budget, remaining, c.path + (act.hop,), rejoin,
+                         self._async and rejoins and not rejoin, patience)
+        else:
+            child = Call(asked, layer.nxt, c)
         c.out = child
         c.sent = now
-        c.asked.live += 1
-        self._at(now + self._latency, self._on_arrive, child)
+        asked.live += 1
+        heap, seq = self._heap, self._seq
+        heappush(heap, (now + self._latency, next(seq), self._on_arrive, child))
         if timeout is not None:
-            self._at(now + timeout, self._on_timeout, child)
+            heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
         if hedging is not None:
             hedging.started(c, child, delay, now)
 
@@ -467,13 +509,25 @@ class Sim:
     def on_reply(self, child: Call) -> None:
         c = child.parent
         assert c is not None
-        if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child),
-                                                             self.engine.now):
+        now = self.engine.now
+        if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child), now):
             return
         if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
             return
         c.out = None
-        self._drive(c, self._tried(child), self.engine.now)
+        if child.ok and c.loop is None and not self.wire_text:
+            # An answered first attempt: _drive's first case for _tried's Tried(None, True,
+            # reply, ANSWERED), without building it.
+            reply = child.reply if self._propagate else None
+            if reply is not None and (reply.pushback is not None
+                                      or not 0 <= reply.budget <= MAX_BUDGET):
+                reply = self._carry(reply)
+            guard = c.guard
+            if guard is not None:
+                guard.record(now, success=True)
+            self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
+            return
+        self._drive(c, self._tried(child), now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
         """A reply as the caller reads it off the wire."""
@@ -669,7 +723,7 @@ class Sim:
         if c.parent is None:
             self.stats.answer(q, ok, now)
         elif not c.accepted:  # self._reply(c, now)
-            self._at(now + self._latency, self._on_reply, c)
+            heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, c))
         q.live -= 1  # self._gone(q)
         if q.live == 0:
             self.stats.close(q)
@@ -681,23 +735,37 @@ class Sim:
         q.arrivals += 1
         q.live -= 1  # a job can answer, but it cannot cause another arrival
         self.stats.arrival(now)
-        if self.policy.propagate:
-            tab, path = self._receive(job, now)
-            self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin,
-                               path=path)
-            job.budget, job.deadline = tab.left, tab.deadline
-            if self._join and self._joined("target", job, tab.left, now):
+        shed = self.policy.shed
+        if self._propagate:
+            if self.wire_text:
+                tab, path = self._receive(job, now)
+                key, edge, origin = tab.key, tab.edge, tab.origin
+                budget, deadline = tab.left, tab.deadline
+            else:  # _receive, inline: the values of its tab, without the tab
+                parent = job.parent
+                assert parent is not None
+                sender, limits, rem = parent.tab, self._limits, job.remaining
+                deadline = None
+                if rem is not None:
+                    seconds = wire_ms(rem, up=False) / 1000
+                    deadline = now + (seconds if seconds < limits.max_deadline
+                                      else limits.max_deadline)
+                budget = job.budget if job.budget <= limits.max_budget else limits.max_budget
+                key, edge, origin, path = q.key, sender.edge, sender.origin, job.path
+            self.ledger.record(now, "target", key=key, edge=edge, origin=origin, path=path)
+            job.budget, job.deadline = budget, deadline
+            if self._join and self._joined("target", job, budget, now):
                 return
         else:  # an id header only: the key is known, the path and the deadline are not
             self.ledger.record(now, "target", key=q.key, edge=True)
-            job.deadline = None
-        if self.policy.shed and job.deadline is not None and now >= job.deadline:
+            job.deadline = deadline = None
+        if shed and deadline is not None and now >= deadline:
             self._target_answer(job, False, True, now)
             return
         limiter = self.limiter
         if limiter is not None:
             # The middleware's decision at the door (Limiter.enter), the deadline only when shed.
-            entered = limiter.enter(now, job.deadline if self.policy.shed else None)
+            entered = limiter.enter(now, deadline if shed else None)
             if entered == TOO_LATE:
                 self._target_answer(job, False, True, now)  # as the middleware: dnr deadline
                 return
@@ -723,8 +791,16 @@ class Sim:
             self.engine.at(self.free_at, self._on_done, job)
         elif self.world.servers is None:
             job.started = now
-            job.ok = not self.fails(now)
-            self.engine.at(now + self._service(), self._on_done, job)
+            w = self.world
+            if self._own_fails:  # _fails, inline
+                outage = w.outage
+                job.ok = not ((outage is not None and outage[0] <= now < outage[1])
+                              or (w.error_rate > 0 and self._random() < w.error_rate))
+            else:
+                job.ok = not self.fails(now)
+            service = (w.service if w.slow_share <= 0 and w.spread <= 0  # _service, inline
+                       else self._service())
+            heappush(self._heap, (now + service, next(self._seq), self._on_done, job))
         elif self.busy < self.world.servers:
             self._start(job, now)
         else:
@@ -792,9 +868,17 @@ class Sim:
             self._reply(job, now)
             if self._join:
                 self._ran("target", job, now)
-        else:
-            self._target_answer(job, job.ok, False, now)
-        self._release(job, ok, now)
+        else:  # _target_answer(job, job.ok, False, now), inline
+            if self._propagate:
+                budget = job.budget
+                job.reply = _REPLIES[budget] if 0 <= budget < len(_REPLIES) else Reply(budget)
+            if not job.accepted:  # self._reply(job, now)
+                heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, job))
+            if self._join:
+                self._ran("target", job, now)
+        limiter = self.limiter
+        if limiter is not None:  # self._release(job, ok, now)
+            limiter.release(now, now - job.arrived, ok)
         if self.world.servers is not None:
             self.busy -= 1
             queue = self.queue
@@ -807,7 +891,9 @@ class Sim:
             self.stats.shed += 1
             job.reply = Reply(job.budget, True, "deadline")
         else:
-            job.reply = Reply(job.budget) if self.policy.propagate else None
+            budget = job.budget
+            job.reply = (None if not self._propagate else _REPLIES[budget]
+                         if 0 <= budget < len(_REPLIES) else Reply(budget))
         self._reply(job, now)
         if self._join:
             self._ran("target", job, now)
