@@ -238,6 +238,7 @@ class Sim:
                         and policy.propagate and not world.contention else None)
         self._on_expire = self.on_expire
         self.hedging = self._hedging()
+        self._plain_send = self._propagate and not self._join and self.hedging is None
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -447,6 +448,23 @@ class Sim:
     def _send(self, c: Call, act: Attempt, now: float) -> None:
         layer = c.layer
         assert layer is not None
+        if self._plain_send:  # the general case below, for a layer that neither joins nor hedges
+            state, asked, timeout = c.state, c.asked, self._timeout
+            budget = state.forward()
+            deadline = c.tab.deadline
+            rem = None if deadline is None else deadline - now
+            if timeout is not None and (rem is None or timeout < rem):
+                rem = timeout
+            child = Call(asked, layer.nxt, c, budget, state.given(rem, self._grace, now),
+                         c.path + (act.hop,), state.rejoin, False, timeout)
+            c.out = child
+            c.sent = now
+            asked.live += 1
+            heap, seq = self._heap, self._seq
+            heappush(heap, (now + self._latency, next(seq), self._on_arrive, child))
+            if timeout is not None:
+                heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
+            return
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
         # own, the question's deadline only (a transport's timeout it keeps).
         rejoins = self._join and (c.parent is not None or self._edge_rejoins)  # _rejoins(c)
