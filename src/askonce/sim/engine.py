@@ -29,18 +29,19 @@ class Engine:
     a Python-level call.
     """
 
-    __slots__ = ("_popped", "heap", "now", "seq")
+    __slots__ = ("_read", "heap", "now", "seq")
 
     def __init__(self, start: float = 0.0) -> None:
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.seq = count(1)
-        self._popped = 0  # events run (the rest of those scheduled are still in the heap)
+        self._read = 0  # numbers ``events`` took from ``seq`` (a gap in seq changes no order)
         self.now = start
 
     @property
     def events(self) -> int:
         """How many events have been scheduled so far (a measure of the work a run did)."""
-        return self._popped + len(self.heap)
+        self._read += 1
+        return next(self.seq) - self._read
 
     def at(self, when: float, fn: Handler, arg: Any) -> None:
         """Call ``fn(arg)`` at virtual time ``when``, which must not be before ``now`` (the model
@@ -54,25 +55,19 @@ class Engine:
     def run(self, until: float = math.inf) -> None:
         """Process events in time order until none is left or the next is later than ``until``."""
         heap, pop = self.heap, heapq.heappop
-        popped = 0
-        try:
-            if until == math.inf:  # no horizon: no comparison per event
-                while heap:
-                    when, _, fn, arg = pop(heap)
-                    self.now = when
-                    popped += 1
-                    fn(arg)
-                return
+        if until == math.inf:  # no horizon: no comparison per event
             while heap:
-                if heap[0][0] > until:
-                    self.now = until
-                    return
                 when, _, fn, arg = pop(heap)
                 self.now = when
-                popped += 1
                 fn(arg)
-        finally:
-            self._popped += popped
+            return
+        while heap:
+            if heap[0][0] > until:
+                self.now = until
+                return
+            when, _, fn, arg = pop(heap)
+            self.now = when
+            fn(arg)
 
     def pending(self) -> Iterator[Any]:
         """The arguments of the events not yet run (to account for work a horizon cut off)."""

@@ -239,6 +239,8 @@ class Sim:
         self._on_expire = self.on_expire
         self.hedging = self._hedging()
         self._plain_send = self._propagate and not self._join and self.hedging is None
+        # _finish written out in on_reply: not for a subclass's own, nor for runs others join
+        self._plain_finish = type(self)._finish is Sim._finish and not self._join
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -302,7 +304,13 @@ class Sim:
         key = mint_key(int(now * 1000), rng.getrandbits(128).to_bytes(16, "little"))
         due = now + w.deadline
         q = Asked(key, client, now, due)
-        self.stats.issue(now)
+        stats = self.stats
+        stats.issued += 1  # stats.issue(now), inline
+        bins, i = stats.issued_bins, int(now / stats.bin)
+        if i < len(bins):
+            bins[i] += 1
+        else:
+            stats.issue_bin(i)
         if self._propagate:
             tab = Tab(key, "client", True, Account(self.policy.budget), due)
         else:
@@ -543,7 +551,19 @@ class Sim:
             guard = c.guard
             if guard is not None:
                 guard.record(now, success=True)
-            self._finish(c, True, c.state.on_success(reply, ANSWERED), now)
+            reply = c.state.on_success(reply, ANSWERED)
+            if not self._plain_finish:
+                self._finish(c, True, reply, now)
+                return
+            c.ok, c.reply = True, reply  # _finish, inline
+            q = c.asked
+            if c.parent is None:
+                self.stats.answer(q, True, now)
+            elif not c.accepted:
+                heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, c))
+            q.live -= 1
+            if q.live == 0:
+                self.stats.close(q)
             return
         self._drive(c, self._tried(child), now)
 
@@ -752,7 +772,13 @@ class Sim:
         q = job.asked
         q.arrivals += 1
         q.live -= 1  # a job can answer, but it cannot cause another arrival
-        self.stats.arrival(now)
+        stats = self.stats
+        stats.arrivals += 1  # stats.arrival(now), inline
+        bins, i = stats.arrival_bins, int(now / stats.bin)
+        if i < len(bins):
+            bins[i] += 1
+        else:
+            stats.arrival_bin(i)
         shed = self.policy.shed
         if self._propagate:
             if self.wire_text:
