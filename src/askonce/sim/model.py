@@ -52,7 +52,9 @@ from askonce.core.retry import (
     Failure,
     RetryPolicy,
     RetryState,
+    Sent,
     attempt_window,
+    settle,
 )
 from askonce.core.verdict import health
 from askonce.core.wire import (
@@ -99,13 +101,16 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "guard", "layer",
-                 "loop", "ok", "out", "parent", "path", "patience", "rejoin", "remaining", "reply",
-                 "sent", "started", "state", "tab", "waiting")  # fmt: skip
+    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "guard", "held",
+                 "layer", "loop", "ok", "out", "parent", "path", "patience", "rejoin", "remaining",
+                 "reply", "sent", "started", "state", "tab", "waiting", "window")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
-    state: RetryState
+    # None while the first attempt is out without one (``_serve``: as the client's fast path)
+    state: RetryState | None
+    held: int  # what that first attempt forwarded (``RetryState.forward`` with a state)
+    window: Sent | None  # what ``RetryState.given`` would have noted for it
     # The library's one loop of attempts over the state; None while the first attempt is out
     # without it (no breaker: ``_serve``).
     loop: Generator[Step, object, Ended] | None
@@ -165,12 +170,14 @@ class Poll:
 
 
 class Layer:
-    __slots__ = ("admissions", "breakers", "buckets", "name", "nxt", "per_client", "retry")
+    __slots__ = ("admissions", "breakers", "buckets", "first", "name", "nxt", "per_client",
+                 "retry")
 
     def __init__(self, name: str, retry: RetryPolicy, nxt: Layer | None, per_client: bool,
                  buckets: list[TokenBucket] | None, breakers: list[Breaker] | None,
                  admissions: list[Admission] | None = None) -> None:
         self.name = name
+        self.first = Attempt(1, Hop(name, 1))  # its first attempt of a call
         self.retry = retry
         self.nxt = nxt
         self.per_client = per_client
@@ -239,6 +246,8 @@ class Sim:
         self._on_expire = self.on_expire
         self.hedging = self._hedging()
         self._plain_send = self._propagate and not self._join and self.hedging is None
+        # A first attempt without a state (``_serve``); False: every state made at once.
+        self._stateless = self._plain_send and self._first_without_loop
         # _finish written out in on_reply: not for a subclass's own, nor for runs others join
         self._plain_finish = type(self)._finish is Sim._finish and not self._join
 
@@ -324,22 +333,20 @@ class Sim:
         assert layer is not None
         c.tab, c.path = tab, path
         buckets, breakers, admissions = layer.buckets, layer.breakers, layer.admissions
-        if buckets is None and breakers is None and self._first_without_loop:
+        if buckets is None and breakers is None and self._stateless:
+            # The first attempt as the client's fast path makes it (``askonce.client``): no state
+            # and no loop, made only if it fails (``_drive``); what RetryState.start would decide.
             admission = (None if admissions is None
                          else admissions[c.asked.client if layer.per_client else 0])
-            c.state = state = RetryState(layer.retry, tab, layer.name)
             c.guard = admission
-            c.loop = None
-            # The first attempt without the loop, as the client's fast path makes it: the loop
-            # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.
-            # (A new state is never a re-attach: admission asks about it.)
-            action = state.start(now)
-            if type(action) is not Attempt:
-                self._finish(c, False, action.reply, now)  # type: ignore[union-attr]
+            c.state = c.loop = None
+            deadline = tab.deadline
+            if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
+                self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
             elif admission is not None and not admission.admit(now, self._random()):
-                self._finish(c, False, state.refused().reply, now)
+                self._finish(c, False, self._state(c, 0, None).refused().reply, now)
             else:
-                self._send(c, action, now)
+                self._send(c, layer.first, now)
             return
         inst = c.asked.client if layer.per_client else 0
         bucket = None if buckets is None else buckets[inst]
@@ -416,6 +423,26 @@ class Sim:
         budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
         return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path
 
+    def _state(self, c: Call, held: int, window: Sent | None) -> RetryState:
+        """The state of ``c``'s call, made after a first attempt sent without one (``held``
+        forwarded, ``window`` noted), as the client's loop takes over (``_Call.loop``)."""
+        layer = c.layer
+        assert layer is not None
+        c.state = state = RetryState(layer.retry, c.tab, layer.name, layer.buckets is not None)
+        state.held, state.sent = held, window
+        return state
+
+    def _answered(self, c: Call, reply: Reply | None) -> Reply:
+        """``c``'s attempt answered: what was held settled from ``reply``, and the reply for
+        ``c``'s caller (``RetryState.on_success``, or ``settle`` without a state)."""
+        state = c.state
+        if state is not None:
+            return state.on_success(reply, ANSWERED)
+        account = c.tab.account
+        settle(account, c.held, ANSWERED, reply)
+        left = account.left
+        return _REPLIES[left] if 0 <= left < len(_REPLIES) else Reply(left)
+
     def _drive(self, c: Call, value: object, now: float) -> None:
         """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
         resume, an attempt as a message; the loop's end answers this hop's caller."""
@@ -426,12 +453,17 @@ class Sim:
             if admission is not None and tried.health is not None and not joined_try(tried):
                 admission.record(now, success=tried.health)
             if tried.failure is None:
-                self._finish(c, True, c.state.on_success(tried.reply, tried.delivery), now)
+                state = c.state
+                self._finish(c, True, self._answered(c, tried.reply) if state is None
+                             else state.on_success(tried.reply, tried.delivery), now)
                 return
             layer = c.layer
             assert layer is not None
+            state = c.state
+            if state is None:
+                state = self._state(c, c.held, c.window)
             inst = c.asked.client if layer.per_client else 0
-            c.loop = loop = steps(c.state, clock=self._clock, random=self._random,
+            c.loop = loop = steps(state, clock=self._clock, random=self._random,
                                   bucket=None if layer.buckets is None else layer.buckets[inst],
                                   end=keep, first=tried, admission=admission)
             value = None
@@ -457,14 +489,25 @@ class Sim:
         layer = c.layer
         assert layer is not None
         if self._plain_send:  # the general case below, for a layer that neither joins nor hedges
-            state, asked, timeout = c.state, c.asked, self._timeout
-            budget = state.forward()
-            deadline = c.tab.deadline
+            state, asked, timeout, tab = c.state, c.asked, self._timeout, c.tab
+            deadline = tab.deadline
             rem = None if deadline is None else deadline - now
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child = Call(asked, layer.nxt, c, budget, state.given(rem, self._grace, now),
-                         c.path + (act.hop,), state.rejoin, False, timeout)
+            if state is None:  # a first attempt without a state: what forward and given do
+                account, grace = tab.account, self._grace
+                budget = c.held = account.hold(account.left)
+                if grace <= 0:  # attempt_window's case without a grace
+                    remaining, c.window = rem, None
+                else:
+                    remaining, c.window = attempt_window(rem, grace, deadline, now)
+                rejoin = False
+            else:
+                budget = state.forward()
+                remaining = state.given(rem, self._grace, now)
+                rejoin = state.rejoin
+            child = Call(asked, layer.nxt, c, budget, remaining, c.path + (act.hop,), rejoin,
+                         False, timeout)
             c.out = child
             c.sent = now
             asked.live += 1
@@ -551,7 +594,18 @@ class Sim:
             guard = c.guard
             if guard is not None:
                 guard.record(now, success=True)
-            reply = c.state.on_success(reply, ANSWERED)
+            state = c.state
+            if state is None:  # self._answered(c, reply), inline
+                account, held = c.tab.account, c.held
+                if reply is None:  # settle(account, held, ANSWERED, reply)
+                    account.release(held)
+                else:
+                    budget = reply.budget
+                    account.release(held if held < budget else budget)
+                left = account.left
+                reply = _REPLIES[left] if 0 <= left < len(_REPLIES) else Reply(left)
+            else:
+                reply = state.on_success(reply, ANSWERED)
             if not self._plain_finish:
                 self._finish(c, True, reply, now)
                 return
