@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
 from heapq import heappush
-from math import log
+from math import floor, log
 from typing import ClassVar
 
 from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, joined_try, keep, steps
@@ -59,6 +59,7 @@ from askonce.core.retry import (
 from askonce.core.verdict import health
 from askonce.core.wire import (
     MAX_BUDGET,
+    MAX_DEADLINE_MS,
     Malformed,
     Reply,
     format_question,
@@ -74,6 +75,9 @@ from askonce.sim.world import Policy, Stats, World
 _new_tuple = tuple.__new__
 # A target's plain answers (the budget only), shared: a Reply is immutable.
 _REPLIES = tuple(Reply(n) for n in range(64))
+_NREPLIES = len(_REPLIES)
+# wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` and clamps nothing
+_WIRE_SECONDS = MAX_DEADLINE_MS / 1000
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
@@ -385,8 +389,9 @@ class Sim:
                 assert parent is not None
                 sender, limits, rem = parent.tab, self._limits, c.remaining
                 deadline = None
-                if rem is not None:
-                    seconds = wire_ms(rem, up=False) / 1000
+                if rem is not None:  # whole milliseconds, as on the wire
+                    seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
                     deadline = now + (seconds if seconds < limits.max_deadline
                                       else limits.max_deadline)
                 budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
@@ -441,7 +446,7 @@ class Sim:
         account = c.tab.account
         settle(account, c.held, ANSWERED, reply)
         left = account.left
-        return _REPLIES[left] if 0 <= left < len(_REPLIES) else Reply(left)
+        return _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
 
     def _drive(self, c: Call, value: object, now: float) -> None:
         """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
@@ -603,7 +608,7 @@ class Sim:
                     budget = reply.budget
                     account.release(held if held < budget else budget)
                 left = account.left
-                reply = _REPLIES[left] if 0 <= left < len(_REPLIES) else Reply(left)
+                reply = _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
             else:
                 reply = state.on_success(reply, ANSWERED)
             if not self._plain_finish:
@@ -844,8 +849,9 @@ class Sim:
                 assert parent is not None
                 sender, limits, rem = parent.tab, self._limits, job.remaining
                 deadline = None
-                if rem is not None:
-                    seconds = wire_ms(rem, up=False) / 1000
+                if rem is not None:  # whole milliseconds, as on the wire
+                    seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
                     deadline = now + (seconds if seconds < limits.max_deadline
                                       else limits.max_deadline)
                 budget = job.budget if job.budget <= limits.max_budget else limits.max_budget
@@ -969,7 +975,7 @@ class Sim:
         else:  # _target_answer(job, job.ok, False, now), inline
             if self._propagate:
                 budget = job.budget
-                job.reply = _REPLIES[budget] if 0 <= budget < len(_REPLIES) else Reply(budget)
+                job.reply = _REPLIES[budget] if 0 <= budget < _NREPLIES else Reply(budget)
             if not job.accepted:  # self._reply(job, now)
                 heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, job))
             if self._join:
@@ -991,7 +997,7 @@ class Sim:
         else:
             budget = job.budget
             job.reply = (None if not self._propagate else _REPLIES[budget]
-                         if 0 <= budget < len(_REPLIES) else Reply(budget))
+                         if 0 <= budget < _NREPLIES else Reply(budget))
         self._reply(job, now)
         if self._join:
             self._ran("target", job, now)
