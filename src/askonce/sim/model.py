@@ -175,7 +175,7 @@ class Poll:
 
 class Layer:
     __slots__ = ("admissions", "breakers", "buckets", "first", "name", "nxt", "per_client",
-                 "retry")
+                 "plain", "retry")
 
     def __init__(self, name: str, retry: RetryPolicy, nxt: Layer | None, per_client: bool,
                  buckets: list[TokenBucket] | None, breakers: list[Breaker] | None,
@@ -188,6 +188,7 @@ class Layer:
         self.buckets = buckets
         self.breakers = breakers
         self.admissions = admissions
+        self.plain = buckets is None and breakers is None  # its first attempt needs no loop
 
 
 Failures = Callable[[float], bool]
@@ -252,6 +253,7 @@ class Sim:
         self._plain_send = self._propagate and not self._join and self.hedging is None
         # A first attempt without a state (``_serve``); False: every state made at once.
         self._stateless = self._plain_send and self._first_without_loop
+        self._fast_arrive = self._stateless and not wire_text  # on_arrive's first case
         # _finish written out in on_reply: not for a subclass's own, nor for runs others join
         self._plain_finish = type(self)._finish is Sim._finish and not self._join
 
@@ -377,6 +379,31 @@ class Sim:
     def on_arrive(self, c: Call) -> None:
         now = self.engine.now
         layer = c.layer
+        if layer is not None and layer.plain and self._fast_arrive:
+            # _receive and _serve's first attempt without a state, written out for a layer with
+            # neither a bucket nor a breaker, in a run that neither joins nor hedges.
+            parent = c.parent
+            assert parent is not None
+            sender, limits, rem = parent.tab, self._limits, c.remaining
+            deadline = None
+            if rem is not None:  # whole milliseconds, as on the wire
+                seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                           else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
+                deadline = now + (seconds if seconds < limits.max_deadline
+                                  else limits.max_deadline)
+            budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
+            c.tab = Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
+            admissions = layer.admissions
+            c.guard = admission = (None if admissions is None
+                                   else admissions[c.asked.client if layer.per_client else 0])
+            c.state = c.loop = None
+            if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
+                self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
+            elif admission is not None and not admission.admit(now, self._random()):
+                self._finish(c, False, self._state(c, 0, None).refused().reply, now)
+            else:
+                self._send(c, layer.first, now)
+            return
         if layer is None:
             self._target_arrive(c, now)
             if c.asked.live == 0:  # its caller had already finished (a hedge that lost, in flight)
