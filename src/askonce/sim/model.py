@@ -326,11 +326,28 @@ class Sim:
             bins[i] += 1
         else:
             stats.issue_bin(i)
-        if self._propagate:
-            tab = Tab(key, "client", True, Account(self.policy.budget), due)
+        layer = self.layers[0]
+        if not self._propagate:
+            self._serve(Call(q, layer, None), Tab(key, "client", True, Account(_UNSPENDABLE), None),
+                        (), now)
+            return
+        tab = Tab(key, "client", True, Account(self.policy.budget), due)
+        if not (layer.plain and self._stateless):
+            self._serve(Call(q, layer, None), tab, (), now)
+            return
+        # _serve's first attempt without a state, written out (as in on_arrive)
+        c = Call(q, layer, None)
+        c.tab = tab
+        admissions = layer.admissions
+        c.guard = admission = (None if admissions is None
+                               else admissions[client if layer.per_client else 0])
+        c.state = c.loop = None
+        if not now + layer.retry.min_attempt < due:  # fits
+            self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
+        elif admission is not None and not admission.admit(now, self._random()):
+            self._finish(c, False, self._state(c, 0, None).refused().reply, now)
         else:
-            tab = Tab(key, "client", True, Account(_UNSPENDABLE), None)
-        self._serve(Call(q, self.layers[0], None), tab, (), now)
+            self._send(c, layer.first, now)
 
     # --- a layer ----------------------------------------------------------------------------------
 
