@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import heappush
-from itertools import count
+from itertools import chain, count
 from typing import Any
 
 Handler = Callable[[Any], None]
+Event = tuple[float, int, Handler, Any]
 
 
 class Engine:
@@ -26,13 +28,17 @@ class Engine:
 
     ``seq`` comes from a C-level counter (``itertools.count``), so a caller on the hot path may
     push ``(when, next(engine.seq), fn, arg)`` onto ``engine.heap`` itself, as ``at`` does, without
-    a Python-level call.
+    a Python-level call. Events a constant delay after ``now`` (the model's hop latency) may go to
+    ``engine.fifo`` instead: pushed in the order they run, they need no heap; ``run`` takes the
+    earlier of the two heads, by ``(time, seq)``, so the order is the heap's alone would be.
     """
 
-    __slots__ = ("_read", "heap", "now", "seq")
+    __slots__ = ("_read", "fifo", "heap", "now", "seq")
 
     def __init__(self, start: float = 0.0) -> None:
-        self.heap: list[tuple[float, int, Handler, Any]] = []
+        self.heap: list[Event] = []
+        # ``(time, seq)`` never decreases along it: only ``now`` plus one constant delay goes here
+        self.fifo: deque[Event] = deque()
         self.seq = count(1)
         self._read = 0  # numbers ``events`` took from ``seq`` (a gap in seq changes no order)
         self.now = start
@@ -54,24 +60,29 @@ class Engine:
 
     def run(self, until: float = math.inf) -> None:
         """Process events in time order until none is left or the next is later than ``until``."""
-        heap, pop = self.heap, heapq.heappop
-        if until == math.inf:  # no horizon: no comparison per event
-            while heap:
-                when, _, fn, arg = pop(heap)
+        heap, fifo, pop, popleft = self.heap, self.fifo, heapq.heappop, self.fifo.popleft
+        if until == math.inf:  # no horizon: no comparison with it per event
+            while True:
+                if fifo:
+                    when, _, fn, arg = pop(heap) if heap and heap[0] < fifo[0] else popleft()
+                elif heap:
+                    when, _, fn, arg = pop(heap)
+                else:
+                    return
                 self.now = when
                 fn(arg)
-            return
-        while heap:
-            if heap[0][0] > until:
+        while heap or fifo:
+            from_heap = not fifo or (heap and heap[0] < fifo[0])
+            if (heap[0] if from_heap else fifo[0])[0] > until:
                 self.now = until
                 return
-            when, _, fn, arg = pop(heap)
+            when, _, fn, arg = pop(heap) if from_heap else popleft()
             self.now = when
             fn(arg)
 
     def pending(self) -> Iterator[Any]:
         """The arguments of the events not yet run (to account for work a horizon cut off)."""
-        return (item[3] for item in self.heap)
+        return (item[3] for item in chain(self.heap, self.fifo))
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + len(self.fifo)

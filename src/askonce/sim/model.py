@@ -68,7 +68,7 @@ from askonce.core.wire import (
     parse_reply,
 )
 from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: no drift on the fast path
-from askonce.sim.engine import Engine
+from askonce.sim.engine import Engine, Event
 from askonce.sim.hedging import Hedging
 from askonce.sim.world import Policy, Stats, World
 
@@ -236,6 +236,11 @@ class Sim:
         # The engine's heap and counter: the hot paths push ``(when, next(seq), fn, arg)``
         # themselves (``Engine.at`` written out: a Python-level call less per event).
         self._heap, self._seq = self.engine.heap, self.engine.seq
+        # An event one hop's latency after now: the engine's FIFO (they come in the order they
+        # run); with a horizon the heap, so that the events it cuts off are listed as before.
+        self._soon: Callable[[Event], None] = (
+            self.engine.fifo.append if world.horizon is None
+            else partial(heappush, self.engine.heap))
         self._own_fails = failures is None  # the world's failure draw: inline at the target
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
@@ -561,7 +566,7 @@ class Sim:
             c.sent = now
             asked.live += 1
             heap, seq = self._heap, self._seq
-            heappush(heap, (now + self._latency, next(seq), self._on_arrive, child))
+            self._soon((now + self._latency, next(seq), self._on_arrive, child))
             if timeout is not None:
                 heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
             return
@@ -592,7 +597,7 @@ class Sim:
         c.sent = now
         asked.live += 1
         heap, seq = self._heap, self._seq
-        heappush(heap, (now + self._latency, next(seq), self._on_arrive, child))
+        self._soon((now + self._latency, next(seq), self._on_arrive, child))
         if timeout is not None:
             heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
         if hedging is not None:
@@ -663,7 +668,7 @@ class Sim:
             if c.parent is None:
                 self.stats.answer(q, True, now)
             elif not c.accepted:
-                heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, c))
+                self._soon((now + self._latency, next(self._seq), self._on_reply, c))
             q.live -= 1
             if q.live == 0:
                 self.stats.close(q)
@@ -864,7 +869,7 @@ class Sim:
         if c.parent is None:
             self.stats.answer(q, ok, now)
         elif not c.accepted:  # self._reply(c, now)
-            heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, c))
+            self._soon((now + self._latency, next(self._seq), self._on_reply, c))
         q.live -= 1  # self._gone(q)
         if q.live == 0:
             self.stats.close(q)
@@ -1021,7 +1026,7 @@ class Sim:
                 budget = job.budget
                 job.reply = _REPLIES[budget] if 0 <= budget < _NREPLIES else Reply(budget)
             if not job.accepted:  # self._reply(job, now)
-                heappush(self._heap, (now + self._latency, next(self._seq), self._on_reply, job))
+                self._soon((now + self._latency, next(self._seq), self._on_reply, job))
             if self._join:
                 self._ran("target", job, now)
         limiter = self.limiter
