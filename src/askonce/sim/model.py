@@ -261,6 +261,7 @@ class Sim:
         self._fast_arrive = self._stateless and not wire_text  # on_arrive's first case
         # _finish written out in on_reply: not for a subclass's own, nor for runs others join
         self._plain_finish = type(self)._finish is Sim._finish and not self._join
+        self._fast_reply = self._fast_arrive and self._plain_finish  # on_reply's first case
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -632,6 +633,35 @@ class Sim:
     def on_reply(self, child: Call) -> None:
         c = child.parent
         assert c is not None
+        if child.ok and self._fast_reply and c.state is None and c.out is child:
+            # The case below for a first attempt made without a state (no loop either), answered,
+            # in a run that neither hedges nor joins nor writes the wire's text.
+            c.out = None
+            now = self.engine.now
+            reply = child.reply
+            if reply is not None and (reply.pushback is not None
+                                      or not 0 <= reply.budget <= MAX_BUDGET):
+                reply = self._carry(reply)
+            guard = c.guard
+            if guard is not None:
+                guard.record(now, success=True)
+            account, held = c.tab.account, c.held
+            if reply is None:  # settle(account, held, ANSWERED, reply)
+                account.release(held)
+            else:
+                budget = reply.budget
+                account.release(held if held < budget else budget)
+            left = account.left
+            c.ok, c.reply = True, _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
+            q = c.asked
+            if c.parent is None:
+                self.stats.answer(q, True, now)
+            elif not c.accepted:
+                self._soon((now + self._latency, next(self._seq), self._on_reply, c))
+            q.live -= 1
+            if q.live == 0:
+                self.stats.close(q)
+            return
         now = self.engine.now
         if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child), now):
             return
@@ -649,17 +679,8 @@ class Sim:
             if guard is not None:
                 guard.record(now, success=True)
             state = c.state
-            if state is None:  # self._answered(c, reply), inline
-                account, held = c.tab.account, c.held
-                if reply is None:  # settle(account, held, ANSWERED, reply)
-                    account.release(held)
-                else:
-                    budget = reply.budget
-                    account.release(held if held < budget else budget)
-                left = account.left
-                reply = _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
-            else:
-                reply = state.on_success(reply, ANSWERED)
+            reply = (self._answered(c, reply) if state is None
+                     else state.on_success(reply, ANSWERED))
             if not self._plain_finish:
                 self._finish(c, True, reply, now)
                 return
