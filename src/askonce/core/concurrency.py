@@ -134,11 +134,10 @@ class Limiter:
         """Decide a request at the door, as every shell does: ``TOO_LATE`` (its caller stops
         waiting at ``deadline`` before it could be answered: :meth:`too_late`), ``OVER`` (no slot
         under the limit), or ``TAKEN`` (it holds a slot: :meth:`release` it after)."""
-        if deadline is not None:  # too_late, inline
+        if deadline is not None:  # too_late, inline (its cheapest test first)
             recent, last = self.recent, self._last
-            if (recent is not None and last is not None
-                    and not now - last > STALE * max(self.policy.interval, recent)
-                    and deadline - now < recent):
+            if (recent is not None and last is not None and deadline - now < recent
+                    and not now - last > STALE * max(self.policy.interval, recent)):
                 return TOO_LATE
         inflight = self.inflight  # try_acquire, inline
         if inflight >= int(self._limit):
