@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
 from heapq import heappush
-from math import floor, log
+from math import log
 from typing import ClassVar
 
 from askonce._loop import ATTEMPT, IO, Ended, Step, Tried, joined_try, keep, steps
@@ -76,7 +76,8 @@ _new_tuple = tuple.__new__
 # A target's plain answers (the budget only), shared: a Reply is immutable.
 _REPLIES = tuple(Reply(n) for n in range(64))
 _NREPLIES = len(_REPLIES)
-# wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` and clamps nothing
+# wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` (``// 1``: the same, as a float)
+# and clamps nothing
 _WIRE_SECONDS = MAX_DEADLINE_MS / 1000
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
@@ -410,7 +411,7 @@ class Sim:
             sender, limits, rem = parent.tab, self._limits, c.remaining
             deadline = None
             if rem is not None:  # whole milliseconds, as on the wire
-                seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
                            else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
                 deadline = now + (seconds if seconds < limits.max_deadline
                                   else limits.max_deadline)
@@ -440,7 +441,7 @@ class Sim:
                 sender, limits, rem = parent.tab, self._limits, c.remaining
                 deadline = None
                 if rem is not None:  # whole milliseconds, as on the wire
-                    seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
                                else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
                     deadline = now + (seconds if seconds < limits.max_deadline
                                       else limits.max_deadline)
@@ -920,7 +921,7 @@ class Sim:
                 sender, limits, rem = parent.tab, self._limits, job.remaining
                 deadline = None
                 if rem is not None:  # whole milliseconds, as on the wire
-                    seconds = (floor(rem * 1000 + 1e-6) / 1000 if 0 <= rem <= _WIRE_SECONDS
+                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
                                else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
                     deadline = now + (seconds if seconds < limits.max_deadline
                                       else limits.max_deadline)
