@@ -1031,14 +1031,16 @@ class Sim:
     def on_done(self, job: Call) -> None:
         now = self.engine.now
         work = now - job.started
-        self.stats.busy += work
+        stats = self.stats
+        stats.busy += work
         parent = job.parent
-        run = self._runs.get(("target", job.asked.key)) if self._join else None
-        joined = run is not None and run.call is job and bool(run.waiters)
-        ok = job.ok and job.reply is None  # neither failed nor cancelled at its deadline
-        if parent is not None and parent.out is not job and not joined:
-            self.stats.wasted += work
-        if job.reply is not None:  # cancelled at its deadline
+        if parent is not None and parent.out is not job:  # its caller has gone: wasted, unless
+            run = self._runs.get(("target", job.asked.key)) if self._join else None
+            if not (run is not None and run.call is job and run.waiters):  # others wait for it
+                stats.wasted += work
+        reply = job.reply
+        ok = job.ok and reply is None  # neither failed nor cancelled at its deadline
+        if reply is not None:  # cancelled at its deadline
             self.stats.shed += 1
             self._reply(job, now)
             if self._join:
