@@ -655,10 +655,25 @@ class Sim:
             left = account.left
             c.ok, c.reply = True, _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
             q = c.asked
-            if c.parent is None:
+            if c.parent is not None:
+                if not c.accepted:
+                    self._soon((now + self._latency, next(self._seq), self._on_reply, c))
+            elif type(self.stats) is Stats:  # stats.answer(q, True, now), inline
+                stats = self.stats
+                stats.answered += 1
+                if now <= q.due:
+                    stats.ok += 1
+                    stats.last_ok = now
+                    bins, i = stats.goodput_bins, int(now / stats.bin)
+                    if i < len(bins):
+                        bins[i] += 1
+                    else:
+                        stats.goodput_bin(i)
+                    ms = int((now - q.born) * 1000)
+                    latency = stats.latency_ms
+                    latency[ms] = latency.get(ms, 0) + 1
+            else:
                 self.stats.answer(q, True, now)
-            elif not c.accepted:
-                self._soon((now + self._latency, next(self._seq), self._on_reply, c))
             q.live -= 1
             if q.live == 0:
                 self.stats.close(q)

@@ -179,6 +179,10 @@ class Stats:
         """An arrival in a bin not yet counted (``arrival``'s rare case)."""
         self._bump(self.arrival_bins, i)
 
+    def goodput_bin(self, i: int) -> None:
+        """A success in a bin not yet counted (``answer``'s rare case)."""
+        self._bump(self.goodput_bins, i)
+
     def issue(self, now: float) -> None:
         self.issued += 1
         bins, i = self.issued_bins, int(now / self.bin)
