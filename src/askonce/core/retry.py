@@ -453,7 +453,7 @@ class RetryState:
     def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
         """After a successful attempt: settle what was held; the reply for our own caller."""
         account = self.tab.account
-        if self.rejoin or delivery == LOST or delivery == LOCAL:
+        if self.rejoin or delivery in (LOST, LOCAL):
             self._settle(delivery, reply)
         else:  # _settle and settle of an answer or a refusal, inline
             held, self.held = self.held, 0

@@ -50,6 +50,7 @@ from askonce.core.retry import (
     LOST,
     Attempt,
     Failure,
+    GiveUp,
     RetryPolicy,
     RetryState,
     Sent,
@@ -350,7 +351,7 @@ class Sim:
                                else admissions[client if layer.per_client else 0])
         c.state = c.loop = None
         if not now + layer.retry.min_attempt < due:  # fits
-            self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
+            self._finish(c, False, self._late(c, now), now)
         elif admission is not None and not admission.admit(now, self._random()):
             self._finish(c, False, self._state(c, 0, None).refused().reply, now)
         else:
@@ -372,7 +373,7 @@ class Sim:
             c.state = c.loop = None
             deadline = tab.deadline
             if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
-                self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
+                self._finish(c, False, self._late(c, now), now)
             elif admission is not None and not admission.admit(now, self._random()):
                 self._finish(c, False, self._state(c, 0, None).refused().reply, now)
             else:
@@ -422,7 +423,7 @@ class Sim:
                                    else admissions[c.asked.client if layer.per_client else 0])
             c.state = c.loop = None
             if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
-                self._finish(c, False, self._state(c, 0, None).start(now).reply, now)
+                self._finish(c, False, self._late(c, now), now)
             elif admission is not None and not admission.admit(now, self._random()):
                 self._finish(c, False, self._state(c, 0, None).refused().reply, now)
             else:
@@ -454,7 +455,7 @@ class Sim:
                 self._accept(c, now)
             self._serve(c, tab, path, now)
         else:  # no question came: this hop's own tab, which only its attempt limit can exhaust
-            self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (),
+            self._serve(c, Tab(c.asked.key, layer.name, False, Account(_UNSPENDABLE), None), (),
                         now)
 
     def _receive(self, c: Call, now: float) -> tuple[Tab, tuple[Hop, ...]]:
@@ -487,6 +488,13 @@ class Sim:
         c.state = state = RetryState(layer.retry, c.tab, layer.name, layer.buckets is not None)
         state.held, state.sent = held, window
         return state
+
+    def _late(self, c: Call, now: float) -> Reply:
+        """The reply of a first attempt its question's deadline leaves no time for (a state's
+        ``start`` gives it up)."""
+        action = self._state(c, 0, None).start(now)
+        assert isinstance(action, GiveUp)
+        return action.reply
 
     def _answered(self, c: Call, reply: Reply | None) -> Reply:
         """``c``'s attempt answered: what was held settled from ``reply``, and the reply for
@@ -562,7 +570,7 @@ class Sim:
                 budget = state.forward()
                 remaining = state.given(rem, self._grace, now)
                 rejoin = state.rejoin
-            child = Call(asked, layer.nxt, c, budget, remaining, c.path + (act.hop,), rejoin,
+            child = Call(asked, layer.nxt, c, budget, remaining, (*c.path, act.hop), rejoin,
                          False, timeout)
             c.out = child
             c.sent = now
@@ -582,6 +590,7 @@ class Sim:
         asked = c.asked
         if self._propagate:
             state = c.state
+            assert state is not None  # made at once where a layer joins or hedges
             budget = state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
@@ -591,7 +600,7 @@ class Sim:
             remaining = state.given(rem, self._grace, now, rejoins)
             rejoin = state.rejoin
             # A re-attach is never answered 202 (the callee joins it to the run, or refuses it).
-            child = Call(asked, layer.nxt, c, budget, remaining, c.path + (act.hop,), rejoin,
+            child = Call(asked, layer.nxt, c, budget, remaining, (*c.path, act.hop), rejoin,
                          self._async and rejoins and not rejoin, patience)
         else:
             child = Call(asked, layer.nxt, c)
