@@ -637,8 +637,11 @@ class Sim:
         reply = self._carry(child.reply) if self._propagate else None
         if child.ok:  # Tried(None, True, reply, ANSWERED), without its Python-level __new__
             return _new_tuple(Tried, (None, True, reply, ANSWERED, None, False, None))
-        return (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
-                                                     health(True, reply), reply, ANSWERED))
+        if reply is None:
+            return _FAILED
+        # Tried(Failure(True, reply, ANSWERED), health(True, reply), reply, ANSWERED), as above
+        return _new_tuple(Tried, (Failure(True, reply, ANSWERED), health(True, reply), reply,
+                                  ANSWERED, None, False, None))
 
     def on_reply(self, child: Call) -> None:
         c = child.parent
