@@ -1,4 +1,5 @@
-"""The event loop: a binary heap of ``(time, seq, fn, arg)`` on a virtual clock.
+"""The event loop: a binary heap of ``(time, seq, fn, arg)`` on a virtual clock, and a FIFO beside
+it for the events a constant delay after their scheduling (a hop's latency), which come in order.
 
 Nothing sleeps and nothing runs on a thread: ``run`` pops the earliest event, sets ``now`` to its
 time and calls ``fn(arg)``, which may schedule more. ``seq`` breaks ties in scheduling order, so a
