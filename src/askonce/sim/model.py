@@ -7,7 +7,7 @@ model: it gets its own :class:`~askonce.core.question.Tab` (a copy of the budget
 what it forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply`
 or, after a per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does.
 A first attempt without a breaker is made as the client's fast path makes it (``askonce.client``):
-the core's ``fits``, ``Account.hold`` and ``settle``, the state made, holding what was forwarded,
+``fits`` (written out), ``Account.hold`` and ``settle``, the state made, holding what was forwarded,
 only if it fails (the same run: tests/sim/test_fast_paths.py). Token buckets, breakers and the
 target's :class:`~askonce.core.ledger.Ledger` are the core classes too. The model only moves
 messages and keeps time.
