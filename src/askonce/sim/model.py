@@ -6,11 +6,12 @@ model: it gets its own :class:`~askonce.core.question.Tab` (a copy of the budget
 ``context.tab_from``), makes every decision with a :class:`~askonce.core.retry.RetryState`, holds
 what it forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply`
 or, after a per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does.
-A first attempt without a breaker is made as the client's fast path makes it (``askonce.client``):
-``fits`` (written out), ``Account.hold`` and ``settle``, the state made, holding what was forwarded,
-only if it fails (the same run: tests/sim/test_fast_paths.py). Token buckets, breakers and the
-target's :class:`~askonce.core.ledger.Ledger` are the core classes too. The model only moves
-messages and keeps time.
+In a run that neither joins nor hedges, a layer without a bucket or breaker makes its first attempt
+as the client's fast path does (``askonce.client``): ``fits`` (written out), ``Account.hold`` and
+``settle``, the state made, holding what was forwarded, only if it fails (the same run:
+tests/sim/test_fast_paths.py). Token buckets, breakers and the target's
+:class:`~askonce.core.ledger.Ledger` are the core classes too. The model only moves messages and
+keeps time.
 
 Policies without propagation model stacks that forward only an id header: each hop mints its own
 local tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id
