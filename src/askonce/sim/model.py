@@ -574,8 +574,8 @@ class Sim:
                 budget = state.forward()
                 remaining = state.given(rem, self._grace, now)
                 rejoin = state.rejoin
-            child = Call(asked, layer.nxt, c, budget, remaining, (*c.path, act.hop), rejoin,
-                         False, timeout)
+            path = c.path + (act.hop,)  # noqa: RUF005 (cheaper than unpacking into a new tuple)
+            child = Call(asked, layer.nxt, c, budget, remaining, path, rejoin, False, timeout)
             c.out = child
             c.sent = now
             asked.live += 1
@@ -688,6 +688,19 @@ class Sim:
                     ms = int((now - q.born) * 1000)
                     latency = stats.latency_ms
                     latency[ms] = latency.get(ms, 0) + 1
+                q.live -= 1
+                if q.live == 0:  # stats.close(q), inline
+                    n = q.arrivals
+                    if q.polls > stats.poll_max:
+                        stats.poll_max = q.polls
+                    hist = stats.hist
+                    hist[n] = hist.get(n, 0) + 1
+                    if stats.trace is not None:
+                        stats.trace.append((q.born, n))
+                    if q.born >= stats.settle:
+                        steady = stats.steady
+                        steady[n] = steady.get(n, 0) + 1
+                return
             else:
                 self.stats.answer(q, True, now)
             q.live -= 1
