@@ -28,8 +28,11 @@ and the generator on the others (steadier on a quiet machine, worse on a busy on
 Timings on a shared machine swing by ten points from run to run. ``--instructions`` gives figures that do
 not: the same servers and clients under valgrind's cachegrind, counting the instructions (and simulated
 cache misses) per request, a run of 700 requests minus a run of 200. It needs ``valgrind`` and takes
-about three minutes on two CPUs. ``--profile`` runs both paths in-process under cProfile (no sockets)
-and prints where their time goes.
+about three minutes on two CPUs. ``--instructions --in-process`` counts the ASGI app called in a loop (no
+sockets), with two cases that bound what the middleware's job must cost: ``askonce-free-parse`` (the
+middleware with its header parse made free: every other part of its job) and ``essence`` (the least of
+the job written as a peer would: find the header, parse it, bind it, write the reply header).
+``--profile`` runs both paths in-process under cProfile (no sockets) and prints where their time goes.
 
     python bench/bench_integrations.py            # markdown table, about 80 s
     python bench/bench_integrations.py --rounds 9 --pin
@@ -511,7 +514,64 @@ def instructions(small: int = 200, large: int = 700, compare: str | None = None,
     return 0
 
 
+def free_parse(**options: Any) -> Any:
+    """The middleware with the header's parse made free: ``wire.parse_frame`` swapped for a function that
+    returns the same question's frame without reading the header (a fresh ``Tab`` and ``Account`` per call,
+    as the parse makes). What every other part of the middleware's job costs: a floor for any parser."""
+    from askonce.core.question import Account, Tab
+
+    parsed = wire.parse_frame(QUESTION.encode(), 0.0)
+    assert type(parsed) is tuple, parsed
+    tab, path = parsed
+    key, origin, edge, deadline = tab.key, tab.origin, tab.edge, tab.deadline or 0.0
+
+    def parse_frame(text: Any, now: float, limits: Any = None) -> Any:
+        return Tab(key, origin, edge, Account(2), now + deadline, None, None), path
+
+    wire.parse_frame = parse_frame  # the server calls it as wire.parse_frame
+    return AskonceASGIMiddleware(hello, layer="bench", **options)
+
+
+def essence(app: Any) -> Any:
+    """The least of the middleware's job, written as a peer would: find the header, parse it with askonce's
+    parser, bind the frame for the request, wrap send and write the reply header with the budget left. No
+    ledger hook, trust, deadline, disconnect watch, give-up record, 503 or error handling."""
+    from askonce._context import FRAME
+
+    replies = [wire.format_reply(wire.Reply(left)).encode() for left in range(65)]
+
+    async def middleware(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        frame = None
+        for k, v in scope["headers"]:
+            if k == b"askonce-question":
+                parsed = wire.parse_frame(v, time.monotonic())
+                if type(parsed) is tuple:
+                    frame = parsed
+        if frame is None:
+            await app(scope, receive, send)
+            return
+        account = frame[0].account
+
+        async def send_(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"askonce-reply", replies[account.left])]}
+            await send(message)
+
+        token = FRAME.set(frame)
+        try:
+            await app(scope, receive, send_)
+        finally:
+            FRAME.reset(token)
+
+    return middleware
+
+
 INPROCESS = {"bare": lambda: hello, "passthrough": lambda: passthrough(hello),
+             "askonce-free-parse": free_parse,
+             "askonce-no-timers-free-parse": lambda: free_parse(cancel_on_disconnect=False,
+                                                                shed_deadline=False),
+             "essence": lambda: essence(hello),
              "askonce": lambda: AskonceASGIMiddleware(hello, layer="bench"),
              "askonce-no-timers": lambda: AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
                                                                 shed_deadline=False),
@@ -550,8 +610,7 @@ def instructions_in_process(small: int = 200, large: int = 2200, compare: str | 
                               text=True, timeout=600, check=True, env=env)
         return _cachegrind(done.stderr)["ir"]
 
-    kinds = [(k, None) for k in INPROCESS if k in ("bare", "passthrough", "askonce", "askonce-no-timers")
-             or k in references()]
+    kinds = [(k, None) for k in INPROCESS if not k.startswith("ref-") or k in references()]
     kinds += [(k, compare) for k in ("askonce", "askonce-no-timers") if compare is not None]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         runs = {(k, src, n): pool.submit(run, k, n, src) for k, src in kinds for n in (small, large)}
@@ -616,6 +675,7 @@ def profile(n: int = 20_000) -> None:
         ("... and shed_deadline=False", AskonceASGIMiddleware(hello, layer="bench", cancel_on_disconnect=False,
                                                               shed_deadline=False), scope["headers"]),
         ("pass-through middleware adding a header", passthrough(hello), scope["headers"]),
+        ("the job's essence (find, parse, bind, reply)", essence(hello), scope["headers"]),
         *((f"reference: {REFERENCE_NAMES[ref]}", REFERENCES[ref][1](hello), scope["headers"]) for ref in references())]
 
     async def table() -> dict[str, list[float]]:

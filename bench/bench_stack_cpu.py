@@ -14,7 +14,9 @@ which say whether a stack kept up with the load (a collapsing stack does other w
 and the TCP connections opened per question to the stack's ports (the sockets in
 ``/proc/net/tcp`` after the run that were not there before, TIME-WAIT included: a run is shorter
 than the 60 s a closed connection stays there): a request cut off by a timeout or a cancellation
-costs its keep-alive connection, and a new one later.
+costs its keep-alive connection, and a new one later. And the stack's sleeps per question: the
+voluntary context switches of the four processes (every thread), each an event loop or a thread
+woken from waiting, by a socket or a timer.
 
 ``--pieces``: no processes; each layer's code called in this process on stub transports (no sockets,
 no server), naive, askonce, and askonce without one piece at a time (the join middleware, the
@@ -30,6 +32,7 @@ change, on the same load at the same moments. The edge always runs this process'
     PYTHONPATH=src python bench/bench_stack_cpu.py --compare /tmp/askonce-before/src
     PYTHONPATH=src python bench/bench_stack_cpu.py --rate 60                # below saturation
     PYTHONPATH=src python bench/bench_stack_cpu.py --pieces --rounds 15     # in-process, ~1 min
+    python bench/bench_stack_cpu.py --wakeup-cost                           # one idle wakeup, ~10 s
 
 The child processes import askonce from ``PYTHONPATH`` (set it to this checkout's ``src`` when
 askonce is installed from another one).
@@ -103,6 +106,18 @@ def pythonpath(src: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+def switches(pid: int) -> int:
+    """Context switches of a process so far, every thread: voluntary ones are its sleeps (an event
+    loop woken by a timer or a socket), the others its preemptions."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    total += int(line.split()[1])
+    return total
+
+
 def snapshot(stack: Stack) -> dict[str, float]:
     out = {name: proc_cpu(stack.procs[name].popen.pid) for name in CHAIN}
     out["edge"] = self_cpu()
@@ -113,9 +128,12 @@ async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
     """One run, its CPU counted from the first question to the end of the quiet wait (orphaned
     work included), the settling after it not (a stack that does not settle is restarted)."""
     stack = runner.stack
+    pids = [stack.procs[name].popen.pid for name in CHAIN]
     before, t0, known = snapshot(stack), time.monotonic(), connections(stack)
+    slept = sum(switches(pid) for pid in pids)
     run = await runner.run(scenario, policy, settle=False)
     after, wall = snapshot(stack), time.monotonic() - t0
+    slept = sum(switches(pid) for pid in pids) - slept
     opened = len(connections(stack) - known)  # a closed one stays in TIME-WAIT for 60 s
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as control:
         settled = await runner.settle(control)
@@ -128,7 +146,8 @@ async def one_run(runner: Runner, scenario: Any, policy: str) -> dict[str, Any]:
     cpu["all"] = cpu["stack"] + cpu["edge"]
     return {"policy": policy, "cpu": cpu, "questions": n, "wall_s": wall,
             "ok": row["success_rate"], "p50": row["latency_ms"]["p50"],
-            "opened": opened / n, "settled": settled, "load": os.getloadavg()[0]}
+            "opened": opened / n, "woken": slept / n, "settled": settled,
+            "load": os.getloadavg()[0]}
 
 
 async def bench(args: argparse.Namespace) -> list[list[dict[str, Any]]]:
@@ -191,8 +210,9 @@ def table(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> str:
         "CPU ms per question, median over rounds (min..max); the ratio is each round's askonce "
         "over that round's naive.",
         "",
-        "| case | " + " | ".join(cols) + " | answered in time | p50 ms | connections opened per q |",
-        "|---|" + "---:|" * (len(cols) + 3),
+        "| case | " + " | ".join(cols) + " | answered in time | p50 ms | connections opened per q "
+        "| stack's sleeps per q |",
+        "|---|" + "---:|" * (len(cols) + 4),
     ]
     for j, first in enumerate(rounds[0]):
         runs = [r[j] for r in rounds]
@@ -200,12 +220,14 @@ def table(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> str:
         ok = fmt_range([100 * (run["ok"] or 0) for run in runs], ".1f")
         p50 = fmt_range([run["p50"] or 0 for run in runs], ".0f")
         opened = fmt_range([run["opened"] for run in runs], ".2f")
-        lines.append(f"| {first['case']} | " + " | ".join(cells) + f" | {ok} % | {p50} | {opened} |")
+        woken = fmt_range([run["woken"] for run in runs], ".2f")
+        lines.append(f"| {first['case']} | " + " | ".join(cells)
+                     + f" | {ok} % | {p50} | {opened} | {woken} |")
         if j > 0:
             ratios = [fmt_range([100 * (r[j]["cpu"][c] / r[0]["cpu"][c] - 1)
                                  if r[0]["cpu"][c] else 0.0 for r in rounds], "+.1f") + " %"
                       for c in cols]
-            lines.append(f"| {first['case']} vs naive | " + " | ".join(ratios) + " | | | |")
+            lines.append(f"| {first['case']} vs naive | " + " | ".join(ratios) + " | | | | |")
     unsettled = sum(1 for r in rounds for run in r if not run["settled"])
     if unsettled:
         lines += ["", f"{unsettled} runs did not settle within the runner's time (their stack was "
@@ -375,6 +397,40 @@ def _pieces(n: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
+def wakeup_cost(seconds: float = 2.0, every: float = 0.002, rounds: int = 3) -> str:
+    """Process CPU of an event loop woken by a timer that finds nothing to do, against the same
+    loop asleep: what a timer left armed past a request's end costs an idle server."""
+
+    async def run() -> list[tuple[float, float, int]]:
+        loop = asyncio.get_running_loop()
+        out = []
+        for _ in range(rounds):
+            c0 = time.process_time()
+            await asyncio.sleep(seconds)
+            idle = time.process_time() - c0
+            fired = 0
+            handle: asyncio.TimerHandle | None = None
+
+            def tick() -> None:
+                nonlocal fired, handle
+                fired += 1
+                handle = loop.call_later(every, tick)
+
+            c0 = time.process_time()
+            handle = loop.call_later(every, tick)
+            await asyncio.sleep(seconds)
+            woken = time.process_time() - c0
+            handle.cancel()
+            out.append((idle, woken, fired))
+        return out
+
+    results = asyncio.run(run())
+    each = [(woken - idle) / fired * 1e6 for idle, woken, fired in results if fired]
+    return (f"An idle event loop woken every {every * 1000:g} ms by a timer that does nothing: "
+            f"{statistics.median(each):.1f} µs of process CPU per wakeup (median of {rounds} runs "
+            f"of {seconds:g} s; {min(each):.1f}..{max(each):.1f}).")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="transient", choices=("transient", "slow", "outage"))
@@ -390,7 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also askonce without the join middlewares (the scenario's join=False)")
     ap.add_argument("--pieces", action="store_true",
                     help="instead: each layer's code in-process on stub transports, per piece")
+    ap.add_argument("--wakeup-cost", action="store_true",
+                    help="instead: the CPU of one idle event loop's wakeup by a timer")
     args = ap.parse_args(argv)
+    if args.wakeup_cost:
+        print(wakeup_cost())
+        return 0
     if args.pieces:
         print(_pieces(1000, args.rounds))
         return 0

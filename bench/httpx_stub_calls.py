@@ -8,11 +8,15 @@ a child under valgrind's cachegrind; a case's figure is a run of ``--large`` cal
 the load of other processes, unlike timings.
 
 Cases: ``bare`` (plain client), ``header`` (the floor), ``bound`` (``AskonceTransport`` inside a
-bound question), ``minted`` (nothing bound: a question minted per call). Each ``--compare SRC`` runs
+bound question), ``minted`` (nothing bound: a question minted per call), and two that bound what
+any transport doing the job must cost: ``wrap`` (a transport wrapping the stub that sets the
+constant header) and ``essence`` (the least of the job written as a peer would: the header from the
+bound question, the reply's budget read back; no retry loop, breaker or admission). Each ``--compare SRC`` runs
 the askonce cases again with askonce imported from another source tree, in the same run.
 
     python bench/httpx_stub_calls.py                                  # about 3 min on 2 CPUs
     python bench/httpx_stub_calls.py --compare /path/to/other/checkout/src
+    python bench/httpx_stub_calls.py --times                          # µs per call, no valgrind
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 VALGRIND = ("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null")
-KINDS = ("bare", "header", "bound", "minted")
+KINDS = ("bare", "header", "bound", "minted", "wrap", "essence")
 ASKONCE_KINDS = ("bound", "minted")
 
 
@@ -37,6 +42,7 @@ def calls(kind: str, n: int) -> None:
 
     import askonce
     from askonce import RetryPolicy
+    from askonce._context import FRAME
     from askonce.client import ClientPolicy
     from askonce.core import wire
     from askonce.core.question import Hop, mint_key
@@ -50,13 +56,49 @@ def calls(kind: str, n: int) -> None:
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             return httpx.Response(200, content=b"hello, world\n")
 
+    class Wrap(httpx.BaseTransport):
+        """The least a transport that writes the header does: wrap the inner one, set a constant."""
+
+        def __init__(self, inner: httpx.BaseTransport) -> None:
+            self.inner = inner
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            request.headers["askonce-question"] = question
+            return self.inner.handle_request(request)
+
+    class Essence(Wrap):
+        """The least of ``AskonceTransport``'s job, written as a peer would: the header from the
+        bound question (its key, budget, time left and path, this layer's hop added), the reply's
+        budget read back. No retry loop, breaker, admission, escrow, give-up record or idempotency
+        check."""
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            frame = FRAME.get()
+            if frame is None:
+                return self.inner.handle_request(request)
+            tab, path = frame
+            left = None if tab.deadline is None else tab.deadline - time.monotonic()
+            request.headers["askonce-question"] = wire.format_question(
+                tab.key, tab.origin, tab.edge, tab.account.left, left, (*path, hop))
+            response = self.inner.handle_request(request)
+            text = response.headers.get("askonce-reply")
+            if text is not None:
+                reply = wire.parse_reply(text)
+                if type(reply) is wire.Reply and reply.budget < tab.account.left:
+                    tab.account.left = reply.budget
+            return response
+
+    hop = Hop("bench", 1)
     client = {"bare": lambda: httpx.Client(transport=Stub()),
+              "wrap": lambda: httpx.Client(transport=Wrap(Stub())),
+              "essence": lambda: httpx.Client(transport=Essence(Stub())),
               "header": lambda: httpx.Client(transport=Stub(),
                                              headers={"askonce-question": question}),
               "bound": lambda: httpx.Client(transport=AskonceTransport(Stub(), policy=policy)),
               "minted": lambda: httpx.Client(transport=AskonceTransport(Stub(), policy=policy)),
               }[kind]()
-    bound = askonce.question(budget=2, deadline=600.0) if kind == "bound" else None
+    bound = (askonce.question(budget=2, deadline=600.0) if kind in ("bound", "essence")
+             else None)
     with bound or contextlib.nullcontext(), client:
         for _ in range(n):
             client.get("http://stub/").raise_for_status()
@@ -118,6 +160,31 @@ PIECES = ("nothing", "default_target", "_Exchange()", "_idempotent", "Caller._st
           "httpx.Response()", "_answered", "_heard", "settle")
 
 
+def times(n: int, rounds: int = 5) -> int:
+    """CPU µs per call of each case in this process (no valgrind; the collector off), the best of
+    ``rounds``: what the instruction counts are in time on this machine."""
+    import gc
+    import time
+
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for kind in KINDS:
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.process_time()
+                calls(kind, n)
+                us = (time.process_time() - t0) / n * 1e6
+            finally:
+                gc.enable()
+            best[kind] = min(best.get(kind, us), us)
+    print(f"CPU µs per call in-process, best of {rounds} rounds of {n} calls.\n")
+    print("| case | µs per call | over bare |\n|---|---:|---:|")
+    for kind, us in best.items():
+        print(f"| {kind} | {us:.1f} | {us - best['bare']:+.1f} |")
+    return 0
+
+
 def count(kind: str, n: int, src: str | None, mode: str = "--calls") -> int:
     """Instructions of one child run (cachegrind's ``I refs``)."""
     # One hash seed for every child: set and dict layouts, and so the counts, repeat.
@@ -175,13 +242,17 @@ if __name__ == "__main__":
                     help="instructions of each piece of a bound call instead (runs, not calls)")
     ap.add_argument("--small", type=int, default=100)
     ap.add_argument("--large", type=int, default=400)
-    ap.add_argument("--kinds", default=",".join(ASKONCE_KINDS),
-                    help="askonce cases to run (bare and header always run)")
+    ap.add_argument("--kinds", default=",".join((*ASKONCE_KINDS, "wrap", "essence")),
+                    help="cases to run besides bare and header, which always run")
     ap.add_argument("--compare", action="append", default=[], metavar="SRC",
                     help="also the askonce cases with askonce from this source tree")
     ap.add_argument("--jobs", type=int, default=2, help="children at once (default 2)")
+    ap.add_argument("--times", action="store_true",
+                    help="instead: CPU µs per call of each case, in this process (no valgrind)")
     args = ap.parse_args()
-    if args.calls:
+    if args.times:
+        sys.exit(times(3000))
+    elif args.calls:
         calls(args.calls[0], int(args.calls[1]))
     elif args.piece:
         pieces(args.piece[0], int(args.piece[1]))

@@ -28,6 +28,7 @@ from askonce.core.wire import QUESTION_HEADER, REPLY_HEADER
 from askonce.errors import attach_reply
 from askonce.integrations.asgi import (
     LEDGER_LOCK,
+    SWEEP_EVERY,
     AskonceASGIMiddleware,
     note_failure,
     route_operations,
@@ -651,9 +652,14 @@ def test_a_bad_edge_secret_is_refused_with_value_error(secret: Any) -> None:
 # --- timers: one sweep per event loop -----------------------------------------------------------------
 
 
+def sweep_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
+    """The sweep's timers still to fire on ``loop`` (cancelled ones wait in the heap until it turns)."""
+    return [h for h in loop._scheduled  # type: ignore[attr-defined]
+            if not h.cancelled() and getattr(h._callback, "__name__", "") == "visit"]
+
+
 async def test_quick_requests_leave_no_timer_behind_and_slow_ones_are_still_cancelled_at_the_deadline() -> None:
     loop = asyncio.get_running_loop()
-    scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
     mw = AskonceASGIMiddleware(sleepy, layer="api")
 
     async def quick(scope: Any, receive: Any, send: Any) -> None:
@@ -665,13 +671,43 @@ async def test_quick_requests_leave_no_timer_behind_and_slow_ones_are_still_canc
         ex = Exchange(question(deadline_ms=5000))
         await fast(ex.scope, ex.receive, ex.send)
         assert ex.sent[0]["status"] == 200
-    assert len(loop._scheduled) <= scheduled + 1  # type: ignore[attr-defined]  # the one sweep of the loop
+    assert len(sweep_timers(loop)) <= 1  # the one sweep of the loop
     ex = Exchange(question(deadline_ms=120))  # armed when the sweep comes by, 50-60 ms in
     started = loop.time()
     await mw(ex.scope, ex.receive, ex.send)
     assert ex.sent[0]["status"] == 503  # before sleepy's 0.2 s were up
     assert loop.time() - started >= 0.11  # and not before the deadline
     assert (REPLY_HEADER.encode(), b"v=1, b=2, dnr, r=deadline") in ex.sent[0]["headers"]
+
+
+async def test_the_sweep_leaves_no_timer_to_wake_an_idle_loop_once_its_last_request_ends() -> None:
+    loop = asyncio.get_running_loop()
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:  # past the batch's visit
+        await asyncio.sleep(3 * SWEEP_EVERY)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = AskonceASGIMiddleware(slow, layer="api")
+    # Visited while it runs: its deadline in the heap, its disconnect watch queued for later.
+    ex = Exchange(question(deadline_ms=5000))
+    task = asyncio.ensure_future(mw(ex.scope, ex.receive, ex.send))
+    await asyncio.sleep(2 * SWEEP_EVERY)
+    assert sweep_timers(loop)  # the sweep waits for its watch or its deadline
+    await task
+    assert ex.sent[0]["status"] == 200
+    assert sweep_timers(loop) == []  # nothing runs: nothing to visit
+    # Two at once: the first to end leaves the sweep to the other, which still has its deadline.
+    exs = [Exchange(question(deadline_ms=5000)) for _ in range(2)]
+    first = asyncio.ensure_future(mw(exs[0].scope, exs[0].receive, exs[0].send))
+    await asyncio.sleep(SWEEP_EVERY)
+    late = asyncio.ensure_future(AskonceASGIMiddleware(sleepy, layer="api")(
+        exs[1].scope, exs[1].receive, exs[1].send))
+    await first
+    assert sweep_timers(loop)  # the second still runs
+    await late
+    assert [e.sent[0]["status"] for e in exs] == [200, 200]
+    assert sweep_timers(loop) == []
 
 
 def test_a_loop_stopped_with_requests_queued_for_the_sweep_can_be_collected() -> None:

@@ -38,9 +38,11 @@ visit goes into the heap at once), the timer set for the earliest, so the deadli
 same instant as with a timer per request; those to be watched a place in a queue visited
 ``WATCH_AFTER`` later (``WATCH_AFTER`` to ``WATCH_AFTER + SWEEP_EVERY`` seconds after each
 started). A request that ends empties its entries (and leaves the batch if it is its last), which
-are dropped when they come first (or when empty entries outnumber the others). A request quicker
-than ``SWEEP_EVERY`` costs an append and a pop; the cost of a slow one does not grow with its
-latency, apart from the flag read at each visit.
+are dropped when they come first (or when empty entries outnumber the others). When the loop's
+last running request ends, the sweep drops what it holds and cancels its timer, so that an idle
+server is not woken for nothing (at most once per ``SWEEP_EVERY``: a busy loop keeps its timer). A
+request quicker than ``SWEEP_EVERY`` costs an append and a pop; the cost of a slow one does not
+grow with its latency, apart from the flag read at each visit.
 
 Cancellation is ``Task.cancel`` on the request's own task, balanced with ``uncancel`` so that a
 cancellation from the server (shutdown) is never swallowed. A synchronous endpoint that the
@@ -231,13 +233,15 @@ class _Sweep:
     clock (where a timer of the request's own would have been set); a request that ends sets its
     exchange to ``None``. ``live``: the running requests with a deadline. ``due``: batches of
     requests to visit after ``WATCH_AFTER``, in order. ``polled``: requests whose server's own
-    disconnect flag is read at every visit, at most every ``POLL_EVERY`` seconds. The sweep holds no
-    handle of the loop (its timer only weakly), so that a loop stopped with requests still queued (a
-    test's) can be collected, and with it this entry of ``_sweeps``.
+    disconnect flag is read at every visit, at most every ``POLL_EVERY`` seconds. ``running``: the
+    requests started and not finished; the last one to end rests the sweep (:meth:`rest`), at most
+    once before ``rested``. The sweep holds no handle of the loop (its timer only weakly), so that a
+    loop stopped with requests still queued (a test's) can be collected, and with it this entry of
+    ``_sweeps``.
     """
 
     __slots__ = ("at", "batch", "by", "context", "deadlines", "due", "limit", "live", "opened",
-                 "poll_at", "polled", "seq", "timer")
+                 "poll_at", "polled", "rested", "running", "seq", "timer")
 
     def __init__(self) -> None:
         self.batch: list[_Exchange] = []
@@ -249,6 +253,8 @@ class _Sweep:
         self.polled: list[_Exchange] = []
         self.poll_at = math.inf
         self.live = 0
+        self.running = 0  # requests started and not finished
+        self.rested = -math.inf  # when it may rest again (askonce's clock)
         self.seq = itertools.count()  # ties in the heap never compare exchanges
         self.at = math.inf  # when the timer fires (``loop.time()``); inf: not armed
         self.timer: Callable[[], asyncio.TimerHandle | None] = _no_timer
@@ -265,6 +271,24 @@ class _Sweep:
             self.open(loop)
         elif len(batch) > self.limit:
             self.compact()
+
+    def rest(self) -> None:
+        """No request of the loop is running: what is queued is of ended ones, and the timer is
+        cancelled, so that a loop with nothing else to do is not woken to find nothing here."""
+        self.opened = self.at = _INF
+        timer = self.timer()
+        if timer is not None:
+            timer.cancel()
+            self.timer = _no_timer
+        if self.batch:
+            self.batch.clear()
+        if self.deadlines:
+            self.deadlines.clear()
+        if self.due:
+            self.due.clear()
+        if self.polled:
+            self.polled.clear()
+            self.poll_at = _INF
 
     def compact(self) -> None:
         """Drop the batch's ended requests: a loop that starts requests without ever turning."""
@@ -480,6 +504,7 @@ class _Exchange:
         if ref() is not loop or sweep is None:
             sweep = mw.sweep(loop)
         self.sweep = sweep
+        sweep.running += 1
         batch = sweep.batch  # Sweep.enter, spelled out: every request comes here
         batch.append(self)
         if sweep.opened == _INF:
@@ -517,7 +542,15 @@ class _Exchange:
         if self.running:
             self.running = False
             sweep = self.sweep
-            if sweep is not None:
+            if (sweep is not None and sweep.running == 1
+                    and (now := _stats.monotonic()) >= sweep.rested):
+                # The loop's last running request: nothing is left to visit. At most once per
+                # SWEEP_EVERY: a busy loop keeps its one timer rather than set one per request.
+                sweep.rested = now + SWEEP_EVERY
+                sweep.running = sweep.live = 0
+                sweep.rest()
+            elif sweep is not None:
+                sweep.running -= 1
                 batch = sweep.batch
                 if batch and batch[-1] is self:
                     batch.pop()

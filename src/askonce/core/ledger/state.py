@@ -130,7 +130,9 @@ class OperationState:
         self.pending = []
         hll, heavy = self._hll, self._heavy
         assert hll is not None and heavy is not None
-        hll.add_hashes(key_digests(set(items)))  # a register keeps its maximum: once per key
+        # A register keeps its maximum: once per key. dict.fromkeys, not set: the distinct keys in
+        # arrival order, as they lie in memory (a set's order scatters the reads).
+        hll.add_hashes(key_digests(dict.fromkeys(items)))
         heavy.add_each(items)
 
     def spill_each(self, items: list[tuple[str, str]], heavy_k: int) -> None:
@@ -141,7 +143,7 @@ class OperationState:
         self.flush()
         hll, heavy = self._hll, self._heavy
         assert hll is not None and heavy is not None
-        hll.add_hashes(key_digests(set(items)))
+        hll.add_hashes(key_digests(dict.fromkeys(items)))
         heavy.add_each(items)
 
     def spill(self, edge: bool, principal: str, key: str, n: int, heavy_k: int) -> None:
