@@ -268,6 +268,7 @@ class Sim:
         # _finish written out in on_reply: not for a subclass's own, nor for runs others join
         self._plain_finish = type(self)._finish is Sim._finish and not self._join
         self._fast_reply = self._fast_arrive and self._plain_finish  # on_reply's first case
+        self._own_send = type(self)._send is Sim._send  # _send written out in on_arrive
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -421,7 +422,8 @@ class Sim:
                 deadline = now + (seconds if seconds < limits.max_deadline
                                   else limits.max_deadline)
             budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
-            c.tab = Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
+            account = Account(budget)
+            c.tab = Tab(c.asked.key, sender.origin, sender.edge, account, deadline)
             admissions = layer.admissions
             c.guard = admission = (None if admissions is None
                                    else admissions[c.asked.client if layer.per_client else 0])
@@ -430,8 +432,28 @@ class Sim:
                 self._finish(c, False, self._late(c, now), now)
             elif admission is not None and not admission.admit(now, self._random()):
                 self._finish(c, False, self._state(c, 0, None).refused().reply, now)
-            else:
+            elif not self._own_send:
                 self._send(c, layer.first, now)
+            else:  # _send's case of a first attempt without a state, written out
+                asked, timeout = c.asked, self._timeout
+                rem = None if deadline is None else deadline - now
+                if timeout is not None and (rem is None or timeout < rem):
+                    rem = timeout
+                budget = c.held = account.hold(account.left)
+                grace = self._grace
+                if grace <= 0:  # attempt_window's case without a grace
+                    remaining, c.window = rem, None
+                else:
+                    remaining, c.window = attempt_window(rem, grace, deadline, now)
+                path = c.path + (layer.first.hop,)  # noqa: RUF005 (as in _send)
+                child = Call(asked, layer.nxt, c, budget, remaining, path, False, False, timeout)
+                c.out = child
+                c.sent = now
+                asked.live += 1
+                seq = self._seq
+                self._soon((now + self._latency, next(seq), self._on_arrive, child))
+                if timeout is not None:
+                    heappush(self._heap, (now + timeout, next(seq), self._on_timeout, child))
             return
         if layer is None:
             self._target_arrive(c, now)
