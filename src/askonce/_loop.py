@@ -68,6 +68,7 @@ class Tried(NamedTuple):
 
 
 ANSWER = Tried(None, True)
+_NO_WAIT = Wait(0.0)  # the action before a first attempt a fast path made (immutable: shared)
 
 
 def abandoned() -> Tried:
@@ -111,7 +112,7 @@ def steps(state: RetryState, *, clock: Callable[[], float], random: Callable[[],
     attempt the controller refused is handed over as ``admission=REFUSE``, with no ``first``.
     """
     tried, last = first, None
-    action: Attempt | Wait | Acquire | GiveUp = (Wait(0.0) if first is not None
+    action: Attempt | Wait | Acquire | GiveUp = (_NO_WAIT if first is not None
                                                  else state.start(clock()))
     while True:
         if tried is None:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from askonce._loop import Tried
-from askonce.core.retry import ANSWERED
+from askonce.core.retry import ANSWERED, Failure
+from askonce.core.verdict import health
 from askonce.core.wire import Reply
 from askonce.sim.model import Asked, Call, Sim
 from askonce.sim.scenarios import Knobs, preset
@@ -69,6 +70,12 @@ def test_an_answered_try_is_the_tried_the_loop_expects() -> None:
     tried = sim._tried(child)
     assert tried == Tried(None, True, Reply(1), ANSWERED)
     assert type(tried) is Tried
+    for reply in (Reply(1), Reply(0, True, "overloaded", 1.0), Reply(2, True, "deadline")):
+        child.ok, child.reply = False, reply
+        failed = sim._tried(child)
+        assert failed == Tried(Failure(True, reply, ANSWERED), health(True, reply), reply,
+                               ANSWERED)
+        assert type(failed) is Tried
 
 
 @pytest.mark.parametrize("policy", ["naive", "askonce", "askonce-hedge"])

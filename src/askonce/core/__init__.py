@@ -16,4 +16,7 @@ def is_int(value: object) -> TypeGuard[int]:
 def is_real(value: object) -> TypeGuard[int | float]:
     """An option that must be a number (seconds, a rate): an ``int`` or a ``float``, never a
     ``bool``. NaN passes here; the range check that follows refuses it."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, _REAL) and not isinstance(value, bool)
+
+
+_REAL = (int, float)  # a tuple: ``int | float`` would build a union object on every call

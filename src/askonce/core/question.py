@@ -48,8 +48,8 @@ def _b32(value: int, width: int) -> str:
 # Two base32 characters per 10 bits: a key's 180 bits (50 of time, 2 zero bits, 128 random) in
 # 18 steps.
 _PAIRS = tuple(a + b for a in _B32 for b in _B32)
-_PAIR_SHIFTS = tuple(range(170, -1, -10))
 _TIME_MASK = (1 << 5 * _TIME_CHARS) - 1
+_WORD = (1 << 60) - 1
 
 
 def mint_key(now_ms: int, random16: bytes) -> str:
@@ -61,10 +61,17 @@ def mint_key(now_ms: int, random16: bytes) -> str:
     if len(random16) != 16:
         raise ValueError("mint_key needs exactly 16 random bytes")
     # _b32(max(0, now_ms), _TIME_CHARS) + _b32(random, _RAND_CHARS), in one pass
-    # (tests/core/test_wire_caches.py)
-    bits = (max(0, now_ms) & _TIME_MASK) << 5 * _RAND_CHARS | int.from_bytes(random16, "big")
-    pairs = _PAIRS
-    return "".join([pairs[bits >> shift & 1023] for shift in _PAIR_SHIFTS])
+    # (tests/core/test_wire_caches.py): the key's 180 bits as three 60-bit words (shifts of small
+    # ints, not of the whole), six pairs of characters each, written out as one string.
+    rand = int.from_bytes(random16, "big")
+    a = (max(0, now_ms) & _TIME_MASK) << 10 | rand >> 120
+    b, c = rand >> 60 & _WORD, rand & _WORD
+    p = _PAIRS
+    return (f"{p[a >> 50]}{p[a >> 40 & 1023]}{p[a >> 30 & 1023]}{p[a >> 20 & 1023]}"
+            f"{p[a >> 10 & 1023]}{p[a & 1023]}{p[b >> 50]}{p[b >> 40 & 1023]}"
+            f"{p[b >> 30 & 1023]}{p[b >> 20 & 1023]}{p[b >> 10 & 1023]}{p[b & 1023]}"
+            f"{p[c >> 50]}{p[c >> 40 & 1023]}{p[c >> 30 & 1023]}{p[c >> 20 & 1023]}"
+            f"{p[c >> 10 & 1023]}{p[c & 1023]}")
 
 
 def derive_key(parent: str, label: str) -> str:

@@ -260,6 +260,24 @@ def fits(policy: RetryPolicy, deadline: float | None, now: float, wait: float = 
     return deadline is None or now + wait + policy.min_attempt < deadline
 
 
+# A layer's first attempt, by layer name: the same immutable value for every call it makes.
+# Bounded: the cache starts over when it holds ``_MAX_FIRST`` names.
+_FIRST: dict[str, Attempt] = {}
+_MAX_FIRST = 256
+
+
+def _first_attempt(layer: str) -> Attempt:
+    if len(_FIRST) >= _MAX_FIRST:
+        _FIRST.clear()
+    first = _FIRST[layer] = Attempt(1, Hop(layer, 1))
+    return first
+
+
+# The replies of an answer with nothing to say but the budget left, shared: a Reply is immutable.
+_PLAINS = 64
+_PLAIN = tuple(Reply(n) for n in range(_PLAINS))
+
+
 class RetryState:
     """The state of one call at one layer: which attempt it is on and when it started."""
 
@@ -282,7 +300,9 @@ class RetryState:
         """Before sending an attempt to another process: hold the budget to forward with it (a
         re-attach forwards what is still held for the work it joins)."""
         if not self.rejoin:
-            self.held = self.tab.account.hold(self.tab.account.left)
+            account = self.tab.account
+            self.held = held = account.hold(account.left)
+            return held
         return self.held
 
     def unsent(self) -> None:
@@ -295,6 +315,9 @@ class RetryState:
         """Before sending an attempt that waits ``limit`` seconds: the seconds its callee is given
         (:func:`attempt_window`), noted so that :meth:`on_failure` reads the callee's answer at that
         deadline as a timeout (:func:`own_deadline`)."""
+        if not joins and (limit is None or grace <= 0):  # attempt_window's first case, inline
+            self.sent = None
+            return limit
         forwarded, self.sent = attempt_window(limit, grace, self.tab.deadline, now, joins)
         return forwarded
 
@@ -326,9 +349,14 @@ class RetryState:
 
     def start(self, now: float) -> Attempt | GiveUp:
         """The first attempt, unless the deadline has already passed."""
-        if not self._fits(now, 0.0):
+        deadline = self.tab.deadline
+        if deadline is not None and not now + self.policy.min_attempt < deadline:  # _fits, inline
             return self._give_up(Why.DEADLINE, True, "deadline")
-        return Attempt(1, Hop(self.layer, 1))
+        layer = self.layer
+        first = _FIRST.get(layer)
+        if first is None:
+            first = _first_attempt(layer)
+        return first
 
     def on_failure(self, failure: Failure, now: float, u: float) -> Wait | Acquire | GiveUp:
         """Decide after a failed attempt; ``u`` is a uniform draw in [0, 1) for the jitter."""
@@ -417,14 +445,25 @@ class RetryState:
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
-        if not self._fits(now, 0.0):
+        deadline = self.tab.deadline
+        if deadline is not None and not now + self.policy.min_attempt < deadline:  # _fits, inline
             return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(self.attempt, Hop(self.layer, self.attempt))
 
     def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
         """After a successful attempt: settle what was held; the reply for our own caller."""
-        self._settle(delivery, reply)
-        return Reply(self.tab.account.left)
+        account = self.tab.account
+        if self.rejoin or delivery in (LOST, LOCAL):
+            self._settle(delivery, reply)
+        else:  # _settle and settle of an answer or a refusal, inline
+            held, self.held = self.held, 0
+            if reply is None:
+                account.release(held)
+            else:
+                budget = reply.budget
+                account.release(held if held < budget else budget)
+        left = account.left
+        return _PLAIN[left] if 0 <= left < _PLAINS else Reply(left)
 
 
 def _passed_on(reply: Reply | None) -> tuple[bool, str | None, float | None]:

@@ -6,8 +6,12 @@ model: it gets its own :class:`~askonce.core.question.Tab` (a copy of the budget
 ``context.tab_from``), makes every decision with a :class:`~askonce.core.retry.RetryState`, holds
 what it forwards in escrow (``RetryState.forward``) and settles it from the callee's :class:`Reply`
 or, after a per-attempt timeout, as a lost call (fail closed), exactly as ``context.outgoing`` does.
-Token buckets, breakers and the target's :class:`~askonce.core.ledger.Ledger` are the core classes
-too. The model only moves messages and keeps time.
+In a run that neither joins nor hedges, a layer without a bucket or breaker makes its first attempt
+as the client's fast path does (``askonce.client``): ``fits`` (written out), ``Account.hold`` and
+``settle``, the state made, holding what was forwarded, only if it fails (the same run:
+tests/sim/test_fast_paths.py). Token buckets, breakers and the target's
+:class:`~askonce.core.ledger.Ledger` are the core classes too. The model only moves messages and
+keeps time.
 
 Policies without propagation model stacks that forward only an id header: each hop mints its own
 local tab (a budget it cannot exhaust, no deadline), reads no reply and retries on its own. The id
@@ -34,6 +38,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
+from heapq import heappush
 from math import log
 from typing import ClassVar
 
@@ -49,13 +54,17 @@ from askonce.core.retry import (
     LOST,
     Attempt,
     Failure,
+    GiveUp,
     RetryPolicy,
     RetryState,
+    Sent,
     attempt_window,
+    settle,
 )
 from askonce.core.verdict import health
 from askonce.core.wire import (
     MAX_BUDGET,
+    MAX_DEADLINE_MS,
     Malformed,
     Reply,
     format_question,
@@ -64,11 +73,17 @@ from askonce.core.wire import (
     parse_reply,
 )
 from askonce.core.wire import to_ms as wire_ms  # the wire's own rounding: no drift on the fast path
-from askonce.sim.engine import Engine
+from askonce.sim.engine import Engine, Event
 from askonce.sim.hedging import Hedging
 from askonce.sim.world import Policy, Stats, World
 
 _new_tuple = tuple.__new__
+# A target's plain answers (the budget only), shared: a Reply is immutable.
+_REPLIES = tuple(Reply(n) for n in range(64))
+_NREPLIES = len(_REPLIES)
+# wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` (``// 1``: the same, as a float)
+# and clamps nothing
+_WIRE_SECONDS = MAX_DEADLINE_MS / 1000
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
@@ -96,13 +111,16 @@ class Asked:
 class Call:
     """One attempt sent from a hop to the next, and (at a layer) the callee's serving of it."""
 
-    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "guard", "layer",
-                 "loop", "ok", "out", "parent", "path", "patience", "rejoin", "remaining", "reply",
-                 "sent", "started", "state", "tab", "waiting")  # fmt: skip
+    __slots__ = ("accepted", "arrived", "asked", "asks", "budget", "deadline", "guard", "held",
+                 "layer", "loop", "ok", "out", "parent", "path", "patience", "rejoin", "remaining",
+                 "reply", "sent", "started", "state", "tab", "waiting", "window")  # fmt: skip
 
     # Set when the call is served (a layer) or started (the target), not at creation.
     tab: Tab
-    state: RetryState
+    # None while the first attempt is out without one (``_serve``: as the client's fast path)
+    state: RetryState | None
+    held: int  # what that first attempt forwarded (``RetryState.forward`` with a state)
+    window: Sent | None  # what ``RetryState.given`` would have noted for it
     # The library's one loop of attempts over the state; None while the first attempt is out
     # without it (no breaker: ``_serve``).
     loop: Generator[Step, object, Ended] | None
@@ -112,21 +130,23 @@ class Call:
     started: float  # at the target: when the work began
     arrived: float  # at the target, under a concurrency limit: when its slot was taken
 
-    def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None) -> None:
+    def __init__(self, asked: Asked, layer: Layer | None, parent: Call | None, budget: int = 0,
+                 remaining: float | None = None, path: tuple[Hop, ...] = (), rejoin: bool = False,
+                 asks: bool = False, patience: float | None = None) -> None:
         self.asked = asked
         self.layer = layer  # None: the target
         self.parent = parent
         self.out: Call | None = None  # the attempt this hop is waiting for
-        self.budget = 0
-        self.remaining: float | None = None  # the seconds the attempt gave the callee (propagated)
-        self.path: tuple[Hop, ...] = ()
+        self.budget = budget
+        self.remaining = remaining  # the seconds the attempt gave the callee (propagated)
+        self.path = path
         self.reply: Reply | None = None
         self.ok = False
-        self.rejoin = False  # a re-attach: joined, or refused, never run
+        self.rejoin = rejoin  # a re-attach: joined, or refused, never run
         self.waiting = False  # at the target, under a concurrency limit: in the queue
-        self.asks = False  # asks respond-async (Policy.respond_async, toward a callee that joins)
+        self.asks = asks  # asks respond-async (Policy.respond_async, toward a callee that joins)
         self.accepted = False  # answered 202: its caller polls, the answer goes to the polls
-        self.patience: float | None = None  # the caller's per-attempt timeout (caps each poll)
+        self.patience = patience  # the caller's per-attempt timeout (caps each poll)
 
 
 class Run:
@@ -160,18 +180,21 @@ class Poll:
 
 
 class Layer:
-    __slots__ = ("admissions", "breakers", "buckets", "name", "nxt", "per_client", "retry")
+    __slots__ = ("admissions", "breakers", "buckets", "first", "name", "nxt", "per_client",
+                 "plain", "retry")
 
     def __init__(self, name: str, retry: RetryPolicy, nxt: Layer | None, per_client: bool,
                  buckets: list[TokenBucket] | None, breakers: list[Breaker] | None,
                  admissions: list[Admission] | None = None) -> None:
         self.name = name
+        self.first = Attempt(1, Hop(name, 1))  # its first attempt of a call
         self.retry = retry
         self.nxt = nxt
         self.per_client = per_client
         self.buckets = buckets
         self.breakers = breakers
         self.admissions = admissions
+        self.plain = buckets is None and breakers is None  # its first attempt needs no loop
 
 
 Failures = Callable[[float], bool]
@@ -216,6 +239,15 @@ class Sim:
         self._clock: Callable[[], float] = partial(getattr, self.engine, "now")
         self._random = self.rng.random
         self._at = self.engine.at
+        # The engine's heap and counter: the hot paths push ``(when, next(seq), fn, arg)``
+        # themselves (``Engine.at`` written out: a Python-level call less per event).
+        self._heap, self._seq = self.engine.heap, self.engine.seq
+        # An event one hop's latency after now: the engine's FIFO (they come in the order they
+        # run); with a horizon the heap, so that the events it cuts off are listed as before.
+        self._soon: Callable[[Event], None] = (
+            self.engine.fifo.append if world.horizon is None
+            else partial(heappush, self.engine.heap))
+        self._own_fails = failures is None  # the world's failure draw: inline at the target
         self._join = policy.propagate and policy.join
         self._runs: dict[tuple[str, str], Run] = {}  # (hop, key): runs later arrivals join
         self._edge_rejoins = self._join and policy.edge_rejoins
@@ -229,6 +261,14 @@ class Sim:
                         and policy.propagate and not world.contention else None)
         self._on_expire = self.on_expire
         self.hedging = self._hedging()
+        self._plain_send = self._propagate and not self._join and self.hedging is None
+        # A first attempt without a state (``_serve``); False: every state made at once.
+        self._stateless = self._plain_send and self._first_without_loop
+        self._fast_arrive = self._stateless and not wire_text  # on_arrive's first case
+        # _finish written out in on_reply: not for a subclass's own, nor for runs others join
+        self._plain_finish = type(self)._finish is Sim._finish and not self._join
+        self._fast_reply = self._fast_arrive and self._plain_finish  # on_reply's first case
+        self._own_send = type(self)._send is Sim._send  # _send written out in on_arrive
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -282,21 +322,45 @@ class Sim:
         return w.error_rate > 0 and self.rng.random() < w.error_rate
 
     def on_issue(self, n: int) -> None:
-        w, p, rng, now = self.world, self.policy, self.rng, self.engine.now
+        w, rng, now = self.world, self.rng, self.engine.now
         # rng.expovariate(w.rate) and rng.randbytes(16) written out, the same draws
         # (tests/sim/test_fast_paths.py): a Python-level call less each, once per question.
         gap = 1 / w.rate if w.even else -log(1.0 - rng.random()) / w.rate
         if now + gap < w.duration:
-            self._at(now + gap, self._on_issue, n + 1)
+            heappush(self._heap, (now + gap, next(self._seq), self._on_issue, n + 1))
         client = n % w.clients if w.even else int(rng.random() * w.clients)
         key = mint_key(int(now * 1000), rng.getrandbits(128).to_bytes(16, "little"))
-        q = Asked(key, client, now, now + w.deadline)
-        self.stats.issue(now)
-        if p.propagate:
-            tab = Tab(key, "client", True, Account(p.budget), now + w.deadline)
+        due = now + w.deadline
+        q = Asked(key, client, now, due)
+        stats = self.stats
+        stats.issued += 1  # stats.issue(now), inline
+        bins, i = stats.issued_bins, int(now / stats.bin)
+        if i < len(bins):
+            bins[i] += 1
         else:
-            tab = Tab(key, "client", True, Account(_UNSPENDABLE), None)
-        self._serve(Call(q, self.layers[0], None), tab, (), now)
+            stats.issue_bin(i)
+        layer = self.layers[0]
+        if not self._propagate:
+            self._serve(Call(q, layer, None), Tab(key, "client", True, Account(_UNSPENDABLE), None),
+                        (), now)
+            return
+        tab = Tab(key, "client", True, Account(self.policy.budget), due)
+        if not (layer.plain and self._stateless):
+            self._serve(Call(q, layer, None), tab, (), now)
+            return
+        # _serve's first attempt without a state, written out (as in on_arrive)
+        c = Call(q, layer, None)
+        c.tab = tab
+        admissions = layer.admissions
+        c.guard = admission = (None if admissions is None
+                               else admissions[client if layer.per_client else 0])
+        c.state = c.loop = None
+        if not now + layer.retry.min_attempt < due:  # fits
+            self._finish(c, False, self._late(c, now), now)
+        elif admission is not None and not admission.admit(now, self._random()):
+            self._finish(c, False, self._state(c, 0, None).refused().reply, now)
+        else:
+            self._send(c, layer.first, now)
 
     # --- a layer ----------------------------------------------------------------------------------
 
@@ -304,23 +368,36 @@ class Sim:
         layer = c.layer
         assert layer is not None
         c.tab, c.path = tab, path
+        buckets, breakers, admissions = layer.buckets, layer.breakers, layer.admissions
+        if buckets is None and breakers is None and self._stateless:
+            # The first attempt as the client's fast path makes it (``askonce.client``): no state
+            # and no loop, made only if it fails (``_drive``); what RetryState.start would decide.
+            admission = (None if admissions is None
+                         else admissions[c.asked.client if layer.per_client else 0])
+            c.guard = admission
+            c.state = c.loop = None
+            deadline = tab.deadline
+            if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
+                self._finish(c, False, self._late(c, now), now)
+            elif admission is not None and not admission.admit(now, self._random()):
+                self._finish(c, False, self._state(c, 0, None).refused().reply, now)
+            else:
+                self._send(c, layer.first, now)
+            return
         inst = c.asked.client if layer.per_client else 0
-        bucket = None if layer.buckets is None else layer.buckets[inst]
-        breaker = None if layer.breakers is None else layer.breakers[inst]
-        admission = None if layer.admissions is None else layer.admissions[inst]
+        bucket = None if buckets is None else buckets[inst]
+        breaker = None if breakers is None else breakers[inst]
+        admission = None if admissions is None else admissions[inst]
         c.state = state = RetryState(layer.retry, tab, layer.name, bucket is not None)
         if bucket is not None:
             bucket.deposit()
         c.guard = admission
         if breaker is None and self._first_without_loop:
             c.loop = None
-            # The first attempt without the loop, as the client's fast path makes it: the loop
-            # starts only if it fails (``steps(first=...)``). A breaker's store calls need the loop.
             action = state.start(now)
             if type(action) is not Attempt:
                 self._finish(c, False, action.reply, now)  # type: ignore[union-attr]
-            elif (admission is not None and not state.rejoin
-                  and not admission.admit(now, self._random())):
+            elif admission is not None and not admission.admit(now, self._random()):
                 self._finish(c, False, state.refused().reply, now)
             else:
                 self._send(c, action, now)
@@ -331,19 +408,80 @@ class Sim:
 
     def on_arrive(self, c: Call) -> None:
         now = self.engine.now
-        if c.layer is None:
+        layer = c.layer
+        if layer is not None and layer.plain and self._fast_arrive:
+            # _receive and _serve's first attempt without a state, written out for a layer with
+            # neither a bucket nor a breaker, in a run that neither joins nor hedges.
+            parent = c.parent
+            assert parent is not None
+            sender, limits, rem = parent.tab, self._limits, c.remaining
+            deadline = None
+            if rem is not None:  # whole milliseconds, as on the wire
+                seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
+                           else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
+                deadline = now + (seconds if seconds < limits.max_deadline
+                                  else limits.max_deadline)
+            budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
+            account = Account(budget)
+            c.tab = Tab(c.asked.key, sender.origin, sender.edge, account, deadline)
+            admissions = layer.admissions
+            c.guard = admission = (None if admissions is None
+                                   else admissions[c.asked.client if layer.per_client else 0])
+            c.state = c.loop = None
+            if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
+                self._finish(c, False, self._late(c, now), now)
+            elif admission is not None and not admission.admit(now, self._random()):
+                self._finish(c, False, self._state(c, 0, None).refused().reply, now)
+            elif not self._own_send:
+                self._send(c, layer.first, now)
+            else:  # _send's case of a first attempt without a state, written out
+                asked, timeout = c.asked, self._timeout
+                rem = None if deadline is None else deadline - now
+                if timeout is not None and (rem is None or timeout < rem):
+                    rem = timeout
+                budget = c.held = account.hold(account.left)
+                grace = self._grace
+                if grace <= 0:  # attempt_window's case without a grace
+                    remaining, c.window = rem, None
+                else:
+                    remaining, c.window = attempt_window(rem, grace, deadline, now)
+                path = c.path + (layer.first.hop,)  # noqa: RUF005 (as in _send)
+                child = Call(asked, layer.nxt, c, budget, remaining, path, False, False, timeout)
+                c.out = child
+                c.sent = now
+                asked.live += 1
+                seq = self._seq
+                self._soon((now + self._latency, next(seq), self._on_arrive, child))
+                if timeout is not None:
+                    heappush(self._heap, (now + timeout, next(seq), self._on_timeout, child))
+            return
+        if layer is None:
             self._target_arrive(c, now)
             if c.asked.live == 0:  # its caller had already finished (a hedge that lost, in flight)
                 self.stats.close(c.asked)
         elif self._propagate:
-            tab, path = self._receive(c, now)
-            if self._join and self._joined(c.layer.name, c, tab.left, now):
+            if self.wire_text:
+                tab, path = self._receive(c, now)
+            else:  # _receive, inline
+                parent = c.parent
+                assert parent is not None
+                sender, limits, rem = parent.tab, self._limits, c.remaining
+                deadline = None
+                if rem is not None:  # whole milliseconds, as on the wire
+                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
+                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
+                    deadline = now + (seconds if seconds < limits.max_deadline
+                                      else limits.max_deadline)
+                budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
+                tab = Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
+                path = c.path
+            if self._join and self._joined(layer.name, c, tab.left, now):
                 return
             if c.asks:
                 self._accept(c, now)
             self._serve(c, tab, path, now)
         else:  # no question came: this hop's own tab, which only its attempt limit can exhaust
-            self._serve(c, Tab(c.asked.key, c.layer.name, False, Account(_UNSPENDABLE), None), (),
+            self._serve(c, Tab(c.asked.key, layer.name, False, Account(_UNSPENDABLE), None), (),
                         now)
 
     def _receive(self, c: Call, now: float) -> tuple[Tab, tuple[Hop, ...]]:
@@ -368,6 +506,33 @@ class Sim:
         budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
         return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path
 
+    def _state(self, c: Call, held: int, window: Sent | None) -> RetryState:
+        """The state of ``c``'s call, made after a first attempt sent without one (``held``
+        forwarded, ``window`` noted), as the client's loop takes over (``_Call.loop``)."""
+        layer = c.layer
+        assert layer is not None
+        c.state = state = RetryState(layer.retry, c.tab, layer.name, layer.buckets is not None)
+        state.held, state.sent = held, window
+        return state
+
+    def _late(self, c: Call, now: float) -> Reply:
+        """The reply of a first attempt its question's deadline leaves no time for (a state's
+        ``start`` gives it up)."""
+        action = self._state(c, 0, None).start(now)
+        assert isinstance(action, GiveUp)
+        return action.reply
+
+    def _answered(self, c: Call, reply: Reply | None) -> Reply:
+        """``c``'s attempt answered: what was held settled from ``reply``, and the reply for
+        ``c``'s caller (``RetryState.on_success``, or ``settle`` without a state)."""
+        state = c.state
+        if state is not None:
+            return state.on_success(reply, ANSWERED)
+        account = c.tab.account
+        settle(account, c.held, ANSWERED, reply)
+        left = account.left
+        return _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
+
     def _drive(self, c: Call, value: object, now: float) -> None:
         """The simulator's driver of the one loop: store calls at once, a wait as a scheduled
         resume, an attempt as a message; the loop's end answers this hop's caller."""
@@ -378,12 +543,17 @@ class Sim:
             if admission is not None and tried.health is not None and not joined_try(tried):
                 admission.record(now, success=tried.health)
             if tried.failure is None:
-                self._finish(c, True, c.state.on_success(tried.reply, tried.delivery), now)
+                state = c.state
+                self._finish(c, True, self._answered(c, tried.reply) if state is None
+                             else state.on_success(tried.reply, tried.delivery), now)
                 return
             layer = c.layer
             assert layer is not None
+            state = c.state
+            if state is None:
+                state = self._state(c, c.held, c.window)
             inst = c.asked.client if layer.per_client else 0
-            c.loop = loop = steps(c.state, clock=self._clock, random=self._random,
+            c.loop = loop = steps(state, clock=self._clock, random=self._random,
                                   bucket=None if layer.buckets is None else layer.buckets[inst],
                                   end=keep, first=tried, admission=admission)
             value = None
@@ -408,33 +578,65 @@ class Sim:
     def _send(self, c: Call, act: Attempt, now: float) -> None:
         layer = c.layer
         assert layer is not None
-        child = Call(c.asked, layer.nxt, c)
+        if self._plain_send:  # the general case below, for a layer that neither joins nor hedges
+            state, asked, timeout, tab = c.state, c.asked, self._timeout, c.tab
+            deadline = tab.deadline
+            rem = None if deadline is None else deadline - now
+            if timeout is not None and (rem is None or timeout < rem):
+                rem = timeout
+            if state is None:  # a first attempt without a state: what forward and given do
+                account, grace = tab.account, self._grace
+                budget = c.held = account.hold(account.left)
+                if grace <= 0:  # attempt_window's case without a grace
+                    remaining, c.window = rem, None
+                else:
+                    remaining, c.window = attempt_window(rem, grace, deadline, now)
+                rejoin = False
+            else:
+                budget = state.forward()
+                remaining = state.given(rem, self._grace, now)
+                rejoin = state.rejoin
+            path = c.path + (act.hop,)  # noqa: RUF005 (cheaper than unpacking into a new tuple)
+            child = Call(asked, layer.nxt, c, budget, remaining, path, rejoin, False, timeout)
+            c.out = child
+            c.sent = now
+            asked.live += 1
+            heap, seq = self._heap, self._seq
+            self._soon((now + self._latency, next(seq), self._on_arrive, child))
+            if timeout is not None:
+                heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
+            return
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
         # own, the question's deadline only (a transport's timeout it keeps).
         rejoins = self._join and (c.parent is not None or self._edge_rejoins)  # _rejoins(c)
-        timeout = None if rejoins and self._lifted else self._timeout
+        patience = self._timeout
+        timeout = None if rejoins and self._lifted else patience
         hedging = self.hedging
         delay = None if hedging is None else hedging.plan(c, act.number, now)
+        asked = c.asked
         if self._propagate:
             state = c.state
-            child.budget = state.forward()
+            assert state is not None  # made at once where a layer joins or hedges
+            budget = state.forward()
             deadline = c.tab.deadline
             rem = None if deadline is None else deadline - now
             # the tighter of deadline and patience
             if timeout is not None and (rem is None or timeout < rem):
                 rem = timeout
-            child.remaining = state.given(rem, self._grace, now, rejoins)
-            child.path = (*c.path, act.hop)
-            child.rejoin = state.rejoin
+            remaining = state.given(rem, self._grace, now, rejoins)
+            rejoin = state.rejoin
             # A re-attach is never answered 202 (the callee joins it to the run, or refuses it).
-            child.asks = self._async and rejoins and not child.rejoin
-            child.patience = self._timeout
+            child = Call(asked, layer.nxt, c, budget, remaining, (*c.path, act.hop), rejoin,
+                         self._async and rejoins and not rejoin, patience)
+        else:
+            child = Call(asked, layer.nxt, c)
         c.out = child
         c.sent = now
-        c.asked.live += 1
-        self._at(now + self._latency, self._on_arrive, child)
+        asked.live += 1
+        heap, seq = self._heap, self._seq
+        self._soon((now + self._latency, next(seq), self._on_arrive, child))
         if timeout is not None:
-            self._at(now + timeout, self._on_timeout, child)
+            heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
         if hedging is not None:
             hedging.started(c, child, delay, now)
 
@@ -461,19 +663,105 @@ class Sim:
         reply = self._carry(child.reply) if self._propagate else None
         if child.ok:  # Tried(None, True, reply, ANSWERED), without its Python-level __new__
             return _new_tuple(Tried, (None, True, reply, ANSWERED, None, False, None))
-        return (_FAILED if reply is None else Tried(Failure(True, reply, ANSWERED),
-                                                     health(True, reply), reply, ANSWERED))
+        if reply is None:
+            return _FAILED
+        # Tried(Failure(True, reply, ANSWERED), health(True, reply), reply, ANSWERED), as above
+        return _new_tuple(Tried, (Failure(True, reply, ANSWERED), health(True, reply), reply,
+                                  ANSWERED, None, False, None))
 
     def on_reply(self, child: Call) -> None:
         c = child.parent
         assert c is not None
-        if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child),
-                                                             self.engine.now):
+        if child.ok and self._fast_reply and c.state is None and c.out is child:
+            # The case below for a first attempt made without a state (no loop either), answered,
+            # in a run that neither hedges nor joins nor writes the wire's text.
+            c.out = None
+            now = self.engine.now
+            reply = child.reply
+            if reply is not None and (reply.pushback is not None
+                                      or not 0 <= reply.budget <= MAX_BUDGET):
+                reply = self._carry(reply)
+            guard = c.guard
+            if guard is not None:
+                guard.record(now, success=True)
+            account, held = c.tab.account, c.held
+            if reply is None:  # settle(account, held, ANSWERED, reply)
+                account.release(held)
+            else:
+                budget = reply.budget
+                account.release(held if held < budget else budget)
+            left = account.left
+            c.ok, c.reply = True, _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
+            q = c.asked
+            if c.parent is not None:
+                if not c.accepted:
+                    self._soon((now + self._latency, next(self._seq), self._on_reply, c))
+            elif type(self.stats) is Stats:  # stats.answer(q, True, now), inline
+                stats = self.stats
+                stats.answered += 1
+                if now <= q.due:
+                    stats.ok += 1
+                    stats.last_ok = now
+                    bins, i = stats.goodput_bins, int(now / stats.bin)
+                    if i < len(bins):
+                        bins[i] += 1
+                    else:
+                        stats.goodput_bin(i)
+                    ms = int((now - q.born) * 1000)
+                    latency = stats.latency_ms
+                    latency[ms] = latency.get(ms, 0) + 1
+                q.live -= 1
+                if q.live == 0:  # stats.close(q), inline
+                    n = q.arrivals
+                    if q.polls > stats.poll_max:
+                        stats.poll_max = q.polls
+                    hist = stats.hist
+                    hist[n] = hist.get(n, 0) + 1
+                    if stats.trace is not None:
+                        stats.trace.append((q.born, n))
+                    if q.born >= stats.settle:
+                        steady = stats.steady
+                        steady[n] = steady.get(n, 0) + 1
+                return
+            else:
+                self.stats.answer(q, True, now)
+            q.live -= 1
+            if q.live == 0:
+                self.stats.close(q)
+            return
+        now = self.engine.now
+        if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child), now):
             return
         if c.out is not child:  # the caller stopped waiting (timed out): the answer is dropped
             return
         c.out = None
-        self._drive(c, self._tried(child), self.engine.now)
+        if child.ok and c.loop is None and not self.wire_text:
+            # An answered first attempt: _drive's first case for _tried's Tried(None, True,
+            # reply, ANSWERED), without building it.
+            reply = child.reply if self._propagate else None
+            if reply is not None and (reply.pushback is not None
+                                      or not 0 <= reply.budget <= MAX_BUDGET):
+                reply = self._carry(reply)
+            guard = c.guard
+            if guard is not None:
+                guard.record(now, success=True)
+            state = c.state
+            reply = (self._answered(c, reply) if state is None
+                     else state.on_success(reply, ANSWERED))
+            if not self._plain_finish:
+                self._finish(c, True, reply, now)
+                return
+            c.ok, c.reply = True, reply  # _finish, inline
+            q = c.asked
+            if c.parent is None:
+                self.stats.answer(q, True, now)
+            elif not c.accepted:
+                self._soon((now + self._latency, next(self._seq), self._on_reply, c))
+            q.live -= 1
+            if q.live == 0:
+                self.stats.close(q)
+            return
+        self._drive(c, self._tried(child), now)
 
     def _carry(self, reply: Reply | None) -> Reply | None:
         """A reply as the caller reads it off the wire."""
@@ -669,7 +957,7 @@ class Sim:
         if c.parent is None:
             self.stats.answer(q, ok, now)
         elif not c.accepted:  # self._reply(c, now)
-            self._at(now + self._latency, self._on_reply, c)
+            self._soon((now + self._latency, next(self._seq), self._on_reply, c))
         q.live -= 1  # self._gone(q)
         if q.live == 0:
             self.stats.close(q)
@@ -680,24 +968,45 @@ class Sim:
         q = job.asked
         q.arrivals += 1
         q.live -= 1  # a job can answer, but it cannot cause another arrival
-        self.stats.arrival(now)
-        if self.policy.propagate:
-            tab, path = self._receive(job, now)
-            self.ledger.record(now, "target", key=tab.key, edge=tab.edge, origin=tab.origin,
-                               path=path)
-            job.budget, job.deadline = tab.left, tab.deadline
-            if self._join and self._joined("target", job, tab.left, now):
+        stats = self.stats
+        stats.arrivals += 1  # stats.arrival(now), inline
+        bins, i = stats.arrival_bins, int(now / stats.bin)
+        if i < len(bins):
+            bins[i] += 1
+        else:
+            stats.arrival_bin(i)
+        shed = self.policy.shed
+        if self._propagate:
+            if self.wire_text:
+                tab, path = self._receive(job, now)
+                key, edge, origin = tab.key, tab.edge, tab.origin
+                budget, deadline = tab.left, tab.deadline
+            else:  # _receive, inline: the values of its tab, without the tab
+                parent = job.parent
+                assert parent is not None
+                sender, limits, rem = parent.tab, self._limits, job.remaining
+                deadline = None
+                if rem is not None:  # whole milliseconds, as on the wire
+                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
+                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
+                    deadline = now + (seconds if seconds < limits.max_deadline
+                                      else limits.max_deadline)
+                budget = job.budget if job.budget <= limits.max_budget else limits.max_budget
+                key, edge, origin, path = q.key, sender.edge, sender.origin, job.path
+            self.ledger.record(now, "target", key=key, edge=edge, origin=origin, path=path)
+            job.budget, job.deadline = budget, deadline
+            if self._join and self._joined("target", job, budget, now):
                 return
         else:  # an id header only: the key is known, the path and the deadline are not
             self.ledger.record(now, "target", key=q.key, edge=True)
-            job.deadline = None
-        if self.policy.shed and job.deadline is not None and now >= job.deadline:
+            job.deadline = deadline = None
+        if shed and deadline is not None and now >= deadline:
             self._target_answer(job, False, True, now)
             return
         limiter = self.limiter
         if limiter is not None:
             # The middleware's decision at the door (Limiter.enter), the deadline only when shed.
-            entered = limiter.enter(now, job.deadline if self.policy.shed else None)
+            entered = limiter.enter(now, deadline if shed else None)
             if entered == TOO_LATE:
                 self._target_answer(job, False, True, now)  # as the middleware: dnr deadline
                 return
@@ -723,8 +1032,16 @@ class Sim:
             self.engine.at(self.free_at, self._on_done, job)
         elif self.world.servers is None:
             job.started = now
-            job.ok = not self.fails(now)
-            self.engine.at(now + self._service(), self._on_done, job)
+            w = self.world
+            if self._own_fails:  # _fails, inline
+                outage = w.outage
+                job.ok = not ((outage is not None and outage[0] <= now < outage[1])
+                              or (w.error_rate > 0 and self._random() < w.error_rate))
+            else:
+                job.ok = not self.fails(now)
+            service = (w.service if w.slow_share <= 0 and w.spread <= 0  # _service, inline
+                       else self._service())
+            heappush(self._heap, (now + service, next(self._seq), self._on_done, job))
         elif self.busy < self.world.servers:
             self._start(job, now)
         else:
@@ -780,21 +1097,31 @@ class Sim:
     def on_done(self, job: Call) -> None:
         now = self.engine.now
         work = now - job.started
-        self.stats.busy += work
+        stats = self.stats
+        stats.busy += work
         parent = job.parent
-        run = self._runs.get(("target", job.asked.key)) if self._join else None
-        joined = run is not None and run.call is job and bool(run.waiters)
-        ok = job.ok and job.reply is None  # neither failed nor cancelled at its deadline
-        if parent is not None and parent.out is not job and not joined:
-            self.stats.wasted += work
-        if job.reply is not None:  # cancelled at its deadline
+        if parent is not None and parent.out is not job:  # its caller has gone: wasted, unless
+            run = self._runs.get(("target", job.asked.key)) if self._join else None
+            if not (run is not None and run.call is job and run.waiters):  # others wait for it
+                stats.wasted += work
+        reply = job.reply
+        ok = job.ok and reply is None  # neither failed nor cancelled at its deadline
+        if reply is not None:  # cancelled at its deadline
             self.stats.shed += 1
             self._reply(job, now)
             if self._join:
                 self._ran("target", job, now)
-        else:
-            self._target_answer(job, job.ok, False, now)
-        self._release(job, ok, now)
+        else:  # _target_answer(job, job.ok, False, now), inline
+            if self._propagate:
+                budget = job.budget
+                job.reply = _REPLIES[budget] if 0 <= budget < _NREPLIES else Reply(budget)
+            if not job.accepted:  # self._reply(job, now)
+                self._soon((now + self._latency, next(self._seq), self._on_reply, job))
+            if self._join:
+                self._ran("target", job, now)
+        limiter = self.limiter
+        if limiter is not None:  # self._release(job, ok, now)
+            limiter.release(now, now - job.arrived, ok)
         if self.world.servers is not None:
             self.busy -= 1
             queue = self.queue
@@ -807,7 +1134,9 @@ class Sim:
             self.stats.shed += 1
             job.reply = Reply(job.budget, True, "deadline")
         else:
-            job.reply = Reply(job.budget) if self.policy.propagate else None
+            budget = job.budget
+            job.reply = (None if not self._propagate else _REPLIES[budget]
+                         if 0 <= budget < _NREPLIES else Reply(budget))
         self._reply(job, now)
         if self._join:
             self._ran("target", job, now)
