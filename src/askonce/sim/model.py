@@ -65,6 +65,7 @@ from askonce.core.verdict import health
 from askonce.core.wire import (
     MAX_BUDGET,
     MAX_DEADLINE_MS,
+    Limits,
     Malformed,
     Reply,
     format_question,
@@ -84,6 +85,14 @@ _NREPLIES = len(_REPLIES)
 # wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` (``// 1``: the same, as a float)
 # and clamps nothing
 _WIRE_SECONDS = MAX_DEADLINE_MS / 1000
+
+
+def _wire_deadline(remaining: float, now: float, limits: Limits) -> float:
+    """The deadline a callee reads from ``remaining`` seconds sent at ``now``: whole milliseconds,
+    as on the wire (``format_question``, ``parse_question``), within ``limits``."""
+    seconds = ((remaining * 1000 + 1e-6) // 1 / 1000 if 0 <= remaining <= _WIRE_SECONDS
+               else wire_ms(remaining, up=False) / 1000)  # wire_ms, inline
+    return now + (seconds if seconds < limits.max_deadline else limits.max_deadline)
 _FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
 _TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
 _REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
@@ -267,8 +276,6 @@ class Sim:
         self._fast_arrive = self._stateless and not wire_text  # on_arrive's first case
         # _finish written out in on_reply: not for a subclass's own, nor for runs others join
         self._plain_finish = type(self)._finish is Sim._finish and not self._join
-        self._fast_reply = self._fast_arrive and self._plain_finish  # on_reply's first case
-        self._own_send = type(self)._send is Sim._send  # _send written out in on_arrive
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -332,35 +339,14 @@ class Sim:
         key = mint_key(int(now * 1000), rng.getrandbits(128).to_bytes(16, "little"))
         due = now + w.deadline
         q = Asked(key, client, now, due)
-        stats = self.stats
-        stats.issued += 1  # stats.issue(now), inline
-        bins, i = stats.issued_bins, int(now / stats.bin)
-        if i < len(bins):
-            bins[i] += 1
-        else:
-            stats.issue_bin(i)
+        self.stats.issue(now)
         layer = self.layers[0]
         if not self._propagate:
             self._serve(Call(q, layer, None), Tab(key, "client", True, Account(_UNSPENDABLE), None),
                         (), now)
             return
         tab = Tab(key, "client", True, Account(self.policy.budget), due)
-        if not (layer.plain and self._stateless):
-            self._serve(Call(q, layer, None), tab, (), now)
-            return
-        # _serve's first attempt without a state, written out (as in on_arrive)
-        c = Call(q, layer, None)
-        c.tab = tab
-        admissions = layer.admissions
-        c.guard = admission = (None if admissions is None
-                               else admissions[client if layer.per_client else 0])
-        c.state = c.loop = None
-        if not now + layer.retry.min_attempt < due:  # fits
-            self._finish(c, False, self._late(c, now), now)
-        elif admission is not None and not admission.admit(now, self._random()):
-            self._finish(c, False, self._state(c, 0, None).refused().reply, now)
-        else:
-            self._send(c, layer.first, now)
+        self._serve(Call(q, layer, None), tab, (), now)
 
     # --- a layer ----------------------------------------------------------------------------------
 
@@ -410,50 +396,9 @@ class Sim:
         now = self.engine.now
         layer = c.layer
         if layer is not None and layer.plain and self._fast_arrive:
-            # _receive and _serve's first attempt without a state, written out for a layer with
-            # neither a bucket nor a breaker, in a run that neither joins nor hedges.
-            parent = c.parent
-            assert parent is not None
-            sender, limits, rem = parent.tab, self._limits, c.remaining
-            deadline = None
-            if rem is not None:  # whole milliseconds, as on the wire
-                seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
-                           else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
-                deadline = now + (seconds if seconds < limits.max_deadline
-                                  else limits.max_deadline)
-            budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
-            account = Account(budget)
-            c.tab = Tab(c.asked.key, sender.origin, sender.edge, account, deadline)
-            admissions = layer.admissions
-            c.guard = admission = (None if admissions is None
-                                   else admissions[c.asked.client if layer.per_client else 0])
-            c.state = c.loop = None
-            if deadline is not None and not now + layer.retry.min_attempt < deadline:  # fits
-                self._finish(c, False, self._late(c, now), now)
-            elif admission is not None and not admission.admit(now, self._random()):
-                self._finish(c, False, self._state(c, 0, None).refused().reply, now)
-            elif not self._own_send:
-                self._send(c, layer.first, now)
-            else:  # _send's case of a first attempt without a state, written out
-                asked, timeout = c.asked, self._timeout
-                rem = None if deadline is None else deadline - now
-                if timeout is not None and (rem is None or timeout < rem):
-                    rem = timeout
-                budget = c.held = account.hold(account.left)
-                grace = self._grace
-                if grace <= 0:  # attempt_window's case without a grace
-                    remaining, c.window = rem, None
-                else:
-                    remaining, c.window = attempt_window(rem, grace, deadline, now)
-                path = c.path + (layer.first.hop,)  # noqa: RUF005 (as in _send)
-                child = Call(asked, layer.nxt, c, budget, remaining, path, False, False, timeout)
-                c.out = child
-                c.sent = now
-                asked.live += 1
-                seq = self._seq
-                self._soon((now + self._latency, next(seq), self._on_arrive, child))
-                if timeout is not None:
-                    heappush(self._heap, (now + timeout, next(seq), self._on_timeout, child))
+            # A layer with neither a bucket nor a breaker, in a run that neither joins nor hedges
+            # (nothing else to decide on arrival): _receive without the header's text.
+            self._serve(c, self._tab_of(c, now), c.path, now)
             return
         if layer is None:
             self._target_arrive(c, now)
@@ -462,19 +407,8 @@ class Sim:
         elif self._propagate:
             if self.wire_text:
                 tab, path = self._receive(c, now)
-            else:  # _receive, inline
-                parent = c.parent
-                assert parent is not None
-                sender, limits, rem = parent.tab, self._limits, c.remaining
-                deadline = None
-                if rem is not None:  # whole milliseconds, as on the wire
-                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
-                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
-                    deadline = now + (seconds if seconds < limits.max_deadline
-                                      else limits.max_deadline)
-                budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
-                tab = Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
-                path = c.path
+            else:
+                tab, path = self._tab_of(c, now), c.path
             if self._join and self._joined(layer.name, c, tab.left, now):
                 return
             if c.asks:
@@ -497,14 +431,18 @@ class Sim:
             if isinstance(q, Malformed):  # cannot happen for format_question's output; fail loudly
                 raise AssertionError(f"simulated header did not parse: {q.reason}: {text}")
             return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline), q.path
-        rem = c.remaining
-        deadline = None
-        if rem is not None:  # whole milliseconds, as on the wire (format_question, parse_question)
-            seconds = wire_ms(rem, up=False) / 1000
-            deadline = now + (seconds if seconds < limits.max_deadline else limits.max_deadline)
+        return self._tab_of(c, now), c.path
+
+    def _tab_of(self, c: Call, now: float) -> Tab:
+        """:meth:`_receive` without the header's text: the deadline in whole milliseconds, as on
+        the wire (``format_question``, ``parse_question``), the budget within the limits."""
+        parent = c.parent
+        assert parent is not None
+        sender, limits, rem = parent.tab, self._limits, c.remaining
+        deadline = None if rem is None else _wire_deadline(rem, now, limits)
         # c.budget was held: never negative. c.path: depth <= MAX_HOPS.
         budget = c.budget if c.budget <= limits.max_budget else limits.max_budget
-        return Tab(sender.key, sender.origin, sender.edge, Account(budget), deadline), c.path
+        return Tab(c.asked.key, sender.origin, sender.edge, Account(budget), deadline)
 
     def _state(self, c: Call, held: int, window: Sent | None) -> RetryState:
         """The state of ``c``'s call, made after a first attempt sent without one (``held``
@@ -597,14 +535,8 @@ class Sim:
                 remaining = state.given(rem, self._grace, now)
                 rejoin = state.rejoin
             path = c.path + (act.hop,)  # noqa: RUF005 (cheaper than unpacking into a new tuple)
-            child = Call(asked, layer.nxt, c, budget, remaining, path, rejoin, False, timeout)
-            c.out = child
-            c.sent = now
-            asked.live += 1
-            heap, seq = self._heap, self._seq
-            self._soon((now + self._latency, next(seq), self._on_arrive, child))
-            if timeout is not None:
-                heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
+            self._launch(c, Call(asked, layer.nxt, c, budget, remaining, path, rejoin, False,
+                                 timeout), timeout, now)
             return
         # Toward a callee that joins, a layer waits for it (ClientPolicy.rejoin): no timeout of its
         # own, the question's deadline only (a transport's timeout it keeps).
@@ -630,15 +562,20 @@ class Sim:
                          self._async and rejoins and not rejoin, patience)
         else:
             child = Call(asked, layer.nxt, c)
-        c.out = child
-        c.sent = now
-        asked.live += 1
-        heap, seq = self._heap, self._seq
-        self._soon((now + self._latency, next(seq), self._on_arrive, child))
-        if timeout is not None:
-            heappush(heap, (now + timeout, next(seq), self._on_timeout, child))
+        self._launch(c, child, timeout, now)
         if hedging is not None:
             hedging.started(c, child, delay, now)
+
+    def _launch(self, c: Call, child: Call, timeout: float | None, now: float) -> None:
+        """``c``'s try ``child`` on its way: it arrives one hop's latency later, and times out after
+        ``timeout`` unless answered first."""
+        c.out = child
+        c.sent = now
+        child.asked.live += 1
+        seq = self._seq
+        self._soon((now + self._latency, next(seq), self._on_arrive, child))
+        if timeout is not None:
+            heappush(self._heap, (now + timeout, next(seq), self._on_timeout, child))
 
     def _send_hedge(self, c: Call, now: float) -> Call:
         """``c``'s hedge (``sim.hedging``): its layer's second try of the question, forwarding no
@@ -672,63 +609,6 @@ class Sim:
     def on_reply(self, child: Call) -> None:
         c = child.parent
         assert c is not None
-        if child.ok and self._fast_reply and c.state is None and c.out is child:
-            # The case below for a first attempt made without a state (no loop either), answered,
-            # in a run that neither hedges nor joins nor writes the wire's text.
-            c.out = None
-            now = self.engine.now
-            reply = child.reply
-            if reply is not None and (reply.pushback is not None
-                                      or not 0 <= reply.budget <= MAX_BUDGET):
-                reply = self._carry(reply)
-            guard = c.guard
-            if guard is not None:
-                guard.record(now, success=True)
-            account, held = c.tab.account, c.held
-            if reply is None:  # settle(account, held, ANSWERED, reply)
-                account.release(held)
-            else:
-                budget = reply.budget
-                account.release(held if held < budget else budget)
-            left = account.left
-            c.ok, c.reply = True, _REPLIES[left] if 0 <= left < _NREPLIES else Reply(left)
-            q = c.asked
-            if c.parent is not None:
-                if not c.accepted:
-                    self._soon((now + self._latency, next(self._seq), self._on_reply, c))
-            elif type(self.stats) is Stats:  # stats.answer(q, True, now), inline
-                stats = self.stats
-                stats.answered += 1
-                if now <= q.due:
-                    stats.ok += 1
-                    stats.last_ok = now
-                    bins, i = stats.goodput_bins, int(now / stats.bin)
-                    if i < len(bins):
-                        bins[i] += 1
-                    else:
-                        stats.goodput_bin(i)
-                    ms = int((now - q.born) * 1000)
-                    latency = stats.latency_ms
-                    latency[ms] = latency.get(ms, 0) + 1
-                q.live -= 1
-                if q.live == 0:  # stats.close(q), inline
-                    n = q.arrivals
-                    if q.polls > stats.poll_max:
-                        stats.poll_max = q.polls
-                    hist = stats.hist
-                    hist[n] = hist.get(n, 0) + 1
-                    if stats.trace is not None:
-                        stats.trace.append((q.born, n))
-                    if q.born >= stats.settle:
-                        steady = stats.steady
-                        steady[n] = steady.get(n, 0) + 1
-                return
-            else:
-                self.stats.answer(q, True, now)
-            q.live -= 1
-            if q.live == 0:
-                self.stats.close(q)
-            return
         now = self.engine.now
         if self.hedging is not None and self.hedging.outcome(c, child, self._tried(child), now):
             return
@@ -968,29 +848,18 @@ class Sim:
         q = job.asked
         q.arrivals += 1
         q.live -= 1  # a job can answer, but it cannot cause another arrival
-        stats = self.stats
-        stats.arrivals += 1  # stats.arrival(now), inline
-        bins, i = stats.arrival_bins, int(now / stats.bin)
-        if i < len(bins):
-            bins[i] += 1
-        else:
-            stats.arrival_bin(i)
+        self.stats.arrival(now)
         shed = self.policy.shed
         if self._propagate:
             if self.wire_text:
                 tab, path = self._receive(job, now)
                 key, edge, origin = tab.key, tab.edge, tab.origin
                 budget, deadline = tab.left, tab.deadline
-            else:  # _receive, inline: the values of its tab, without the tab
+            else:  # _tab_of's values, without the tab
                 parent = job.parent
                 assert parent is not None
                 sender, limits, rem = parent.tab, self._limits, job.remaining
-                deadline = None
-                if rem is not None:  # whole milliseconds, as on the wire
-                    seconds = ((rem * 1000 + 1e-6) // 1 / 1000 if 0 <= rem <= _WIRE_SECONDS
-                               else wire_ms(rem, up=False) / 1000)  # wire_ms, inline
-                    deadline = now + (seconds if seconds < limits.max_deadline
-                                      else limits.max_deadline)
+                deadline = None if rem is None else _wire_deadline(rem, now, limits)
                 budget = job.budget if job.budget <= limits.max_budget else limits.max_budget
                 key, edge, origin, path = q.key, sender.edge, sender.origin, job.path
             self.ledger.record(now, "target", key=key, edge=edge, origin=origin, path=path)

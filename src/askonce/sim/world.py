@@ -171,18 +171,6 @@ class Stats:
             bins.extend([0] * (i + 1 - len(bins)))
         bins[i] += 1
 
-    def issue_bin(self, i: int) -> None:
-        """A question asked in a bin not yet counted (``issue``'s rare case)."""
-        self._bump(self.issued_bins, i)
-
-    def arrival_bin(self, i: int) -> None:
-        """An arrival in a bin not yet counted (``arrival``'s rare case)."""
-        self._bump(self.arrival_bins, i)
-
-    def goodput_bin(self, i: int) -> None:
-        """A success in a bin not yet counted (``answer``'s rare case)."""
-        self._bump(self.goodput_bins, i)
-
     def issue(self, now: float) -> None:
         self.issued += 1
         bins, i = self.issued_bins, int(now / self.bin)
