@@ -137,6 +137,17 @@ def test_deadline_passing_during_the_wait_stops_the_next_attempt() -> None:
     assert isinstance(action, GiveUp) and action.kind == "deadline"
 
 
+@pytest.mark.parametrize(("budget", "reply", "left"), [
+    (2, Reply(1), 1), (2, Reply(5), 2), (2, None, 2), (2, Reply(math.nan), 2),  # type: ignore[arg-type]
+    (2.0, Reply(1.0), 1.0), (2.0, Reply(2.0), 2.0), (70, Reply(70), 70)])  # type: ignore[arg-type]
+def test_on_success_gives_back_the_least_of_what_was_held_and_what_the_reply_says(
+        budget: Any, reply: Reply | None, left: float) -> None:
+    # min(held, reply.budget), whatever numbers a hand-built account or reply carries
+    state = make(budget=budget)
+    state.forward()
+    assert state.on_success(reply) == Reply(left) and state.tab.account.left == left
+
+
 def test_on_success_settles_what_the_callee_spent() -> None:
     state = make(budget=3)
     state.forward()

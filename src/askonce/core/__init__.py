@@ -6,6 +6,8 @@ async shells, the integrations and the simulator all drive the very same objects
 
 from typing import TypeGuard
 
+_REAL = (int, float)  # a tuple: ``int | float`` would build a union object on every call
+
 
 def is_int(value: object) -> TypeGuard[int]:
     """An option that must be a whole number: an ``int`` (an ``IntEnum`` too), never a ``bool``
@@ -17,6 +19,3 @@ def is_real(value: object) -> TypeGuard[int | float]:
     """An option that must be a number (seconds, a rate): an ``int`` or a ``float``, never a
     ``bool``. NaN passes here; the range check that follows refuses it."""
     return isinstance(value, _REAL) and not isinstance(value, bool)
-
-
-_REAL = (int, float)  # a tuple: ``int | float`` would build a union object on every call

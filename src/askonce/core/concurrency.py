@@ -152,8 +152,8 @@ class Limiter:
         if self.inflight > 0:
             self.inflight -= 1
         # A clock that stepped, or NaN: no sample (a float, the common case, skips is_real).
-        if not ((type(latency) is float or is_real(latency)) and 0 <= latency < math.inf) \
-                or not (type(now) is float or is_real(now)):
+        if (not ((type(latency) is float or is_real(latency)) and 0 <= latency < math.inf)
+                or not (type(now) is float or is_real(now))):
             return
         if not ok and (self.baseline is None or latency <= self.baseline):
             return

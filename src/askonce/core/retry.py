@@ -461,9 +461,9 @@ class RetryState:
                 account.release(held)
             else:
                 budget = reply.budget
-                account.release(held if held < budget else budget)
+                account.release(budget if budget < held else held)  # min(held, budget)
         left = account.left
-        return _PLAIN[left] if 0 <= left < _PLAINS else Reply(left)
+        return _PLAIN[left] if type(left) is int and 0 <= left < _PLAINS else Reply(left)
 
 
 def _passed_on(reply: Reply | None) -> tuple[bool, str | None, float | None]:

@@ -85,6 +85,14 @@ _NREPLIES = len(_REPLIES)
 # wire_ms's range, where it floors ``seconds * 1000 + 1e-6`` (``// 1``: the same, as a float)
 # and clamps nothing
 _WIRE_SECONDS = MAX_DEADLINE_MS / 1000
+_FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
+_TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
+_REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
+
+_UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
+MAX_LONG_POLL = 30  # whole seconds a status poll may ask to be held (``Prefer: wait=N``)
+POLL_MARGIN = 0.2  # a poll asks to be held this much less than its caller would wait for it
+POLL_GAP = 1.0  # seconds between polls answered at once (the callee's ``Retry-After: 1``)
 
 
 def _wire_deadline(remaining: float, now: float, limits: Limits) -> float:
@@ -93,13 +101,6 @@ def _wire_deadline(remaining: float, now: float, limits: Limits) -> float:
     seconds = ((remaining * 1000 + 1e-6) // 1 / 1000 if 0 <= remaining <= _WIRE_SECONDS
                else wire_ms(remaining, up=False) / 1000)  # wire_ms, inline
     return now + (seconds if seconds < limits.max_deadline else limits.max_deadline)
-_FAILED = Tried(Failure(True, None, ANSWERED), False, None, ANSWERED)  # a failure without a reply
-_TIMED_OUT = Tried(Failure(True, None, LOST), False)  # the attempt timed out: sent, no response
-_REJOINABLE = Tried(Failure(True, None, LOST, joinable=True), False)  # ... to a callee that joins
-_UNSPENDABLE = MAX_BUDGET  # a hop that gets no question: its own attempt limit is what stops it
-MAX_LONG_POLL = 30  # whole seconds a status poll may ask to be held (``Prefer: wait=N``)
-POLL_MARGIN = 0.2  # a poll asks to be held this much less than its caller would wait for it
-POLL_GAP = 1.0  # seconds between polls answered at once (the callee's ``Retry-After: 1``)
 
 
 class Asked:
@@ -214,6 +215,11 @@ class Sim:
 
     ``failures(now) -> bool`` replaces the world's own failure draw (a test replays a sequence);
     ``wire_text`` serialises every header for real; ``trace`` keeps each question's arrivals.
+
+    A subclass (``sim.fidelity.DemoSim``) may override ``_build``, ``_send``, ``_finish``,
+    ``_accept``, ``_target_arrive`` and ``_start``: the hot paths check whether ``_send`` and
+    ``_finish`` are this class's before they write them out. Other private methods are written
+    out where they run and are not points to override.
     """
 
     # A hop without a breaker makes its first attempt without the loop; False: always the loop
@@ -247,7 +253,6 @@ class Sim:
         # The virtual clock and the draws as C-level callables: the loop calls them on every step.
         self._clock: Callable[[], float] = partial(getattr, self.engine, "now")
         self._random = self.rng.random
-        self._at = self.engine.at
         # The engine's heap and counter: the hot paths push ``(when, next(seq), fn, arg)``
         # themselves (``Engine.at`` written out: a Python-level call less per event).
         self._heap, self._seq = self.engine.heap, self.engine.seq
@@ -419,19 +424,17 @@ class Sim:
                         now)
 
     def _receive(self, c: Call, now: float) -> tuple[Tab, tuple[Hop, ...]]:
-        """The callee's view of ``c``'s question: its own tab with a copy of the budget."""
+        """The callee's view of ``c``'s question through the header's text (``wire_text``): its
+        own tab with a copy of the budget. Without the text: :meth:`_tab_of`."""
         # Only the originator's own call has no parent, and it is never received.
         assert c.parent is not None
         sender = c.parent.tab
-        limits = self._limits
-        if self.wire_text:
-            text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining,
-                                   c.path)
-            q = parse_question(text, now, limits)
-            if isinstance(q, Malformed):  # cannot happen for format_question's output; fail loudly
-                raise AssertionError(f"simulated header did not parse: {q.reason}: {text}")
-            return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline), q.path
-        return self._tab_of(c, now), c.path
+        text = format_question(sender.key, sender.origin, sender.edge, c.budget, c.remaining,
+                               c.path)
+        q = parse_question(text, now, self._limits)
+        if isinstance(q, Malformed):  # cannot happen for format_question's output; fail loudly
+            raise AssertionError(f"simulated header did not parse: {q.reason}: {text}")
+        return Tab(q.key, q.origin, q.edge, Account(q.budget), q.deadline), q.path
 
     def _tab_of(self, c: Call, now: float) -> Tab:
         """:meth:`_receive` without the header's text: the deadline in whole milliseconds, as on
