@@ -46,8 +46,11 @@ class Handler:
         await send({"type": "http.response.body", "body": out})
 
 
+DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
+
+
 def _stack(**join: Any) -> tuple[Handler, Ledger, Any]:
-    handler, ledger = Handler(), Ledger(LedgerPolicy())
+    handler, ledger = Handler(), Ledger(LedgerPolicy(window=DAY))
     app = AskonceASGIMiddleware(JoinASGIMiddleware(handler, **join), layer="target", ledger=ledger)
     return handler, ledger, app
 
