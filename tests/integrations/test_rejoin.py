@@ -82,8 +82,11 @@ def wsgi_app(work: Work) -> Any:
     return app
 
 
+DAY = 86_400.0  # one ledger window for the whole run: no window boundary in the middle of a test
+
+
 @contextmanager
-def callee(kind: str, join: bool, policy: LedgerPolicy = LedgerPolicy(),
+def callee(kind: str, join: bool, policy: LedgerPolicy = LedgerPolicy(window=DAY),
            **options: Any) -> Iterator[tuple[str, Work, Ledger]]:
     """The callee; ``options``: more of the askonce middleware's (``concurrency=``)."""
     work, ledger = Work(), Ledger(policy)
@@ -228,7 +231,7 @@ def test_a_joining_callee_says_so_on_its_own_refusals_before_its_app_runs(
 
     one = ConcurrencyPolicy(initial_limit=1, min_limit=1, max_limit=1)
     # A day's window: no window's end between the key's two arrivals.
-    policy = LedgerPolicy(cap=1, window=86_400.0) if reason == "cap" else LedgerPolicy()
+    policy = LedgerPolicy(cap=1, window=DAY) if reason == "cap" else LedgerPolicy(window=DAY)
     options = {"concurrency": one} if reason == "overloaded" else {}
 
     def asked(seconds: float, key: str | None = None) -> dict[str, str]:
