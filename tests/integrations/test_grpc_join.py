@@ -55,6 +55,10 @@ SLOW = 1.0  # seconds a run of Slow takes: longer than the client's attempt time
 TIMEOUT = 0.4  # the askonce client's per-attempt gRPC timeout
 
 
+# An aborting handler's frame unwinds this long after gRPC sent its status (aio sends it at once).
+UNWIND = 0.3
+
+
 def method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
@@ -100,6 +104,13 @@ def sync_service(work: Work) -> grpc.GenericRpcHandler:
         work.run("Fail")
         ctx.abort(Code.UNAVAILABLE, "failing")
 
+    def fail_slowly(request: bytes, ctx: Any) -> bytes:
+        work.run("FailSlowly")
+        try:
+            ctx.abort(Code.UNAVAILABLE, "failing")
+        finally:
+            time.sleep(UNWIND)
+
     def big(request: bytes, ctx: Any) -> bytes:
         work.run("Big")
         return b"x" * 2048
@@ -120,7 +131,7 @@ def sync_service(work: Work) -> grpc.GenericRpcHandler:
         return 2 * request
 
     unary = {"Slow": slow, "Quick": quick, "Missing": missing, "Fail": fail, "Big": big,
-             "GiveUp": give_up, "Lazy": lazy}
+             "GiveUp": give_up, "Lazy": lazy, "FailSlowly": fail_slowly}
     return _service(unary, double)
 
 
@@ -149,6 +160,13 @@ def aio_service(work: Work) -> grpc.GenericRpcHandler:
         work.run("Fail")
         await ctx.abort(Code.UNAVAILABLE, "failing")
 
+    async def fail_slowly(request: bytes, ctx: Any) -> bytes:
+        work.run("FailSlowly")
+        try:
+            await ctx.abort(Code.UNAVAILABLE, "failing")
+        finally:
+            await asyncio.sleep(UNWIND)
+
     async def big(request: bytes, ctx: Any) -> bytes:
         work.run("Big")
         return b"x" * 2048
@@ -169,7 +187,7 @@ def aio_service(work: Work) -> grpc.GenericRpcHandler:
         return 2 * request
 
     unary = {"Slow": slow, "Quick": quick, "Missing": missing, "Fail": fail, "Big": big,
-             "GiveUp": give_up, "Lazy": lazy}
+             "GiveUp": give_up, "Lazy": lazy, "FailSlowly": fail_slowly}
     return _service(unary, double)
 
 
@@ -309,6 +327,14 @@ def test_a_failed_answer_is_not_replayed_so_a_retry_really_runs(callee: Callee) 
     a, b = (plain(callee.url, "Fail", key=key) for _ in range(2))
     assert a.code == b.code == Code.UNAVAILABLE and (a.details, b.details) == ("failing",) * 2
     assert callee.work.runs["Fail", key] == 2
+
+
+def test_a_retry_after_an_abort_runs_anew_while_the_aborting_handler_still_unwinds(
+        callee: Callee) -> None:
+    key = new_key()
+    a, b = (plain(callee.url, "FailSlowly", key=key) for _ in range(2))
+    assert a.code == b.code == Code.UNAVAILABLE and b.joined is None  # b ran: it joined nothing
+    assert callee.work.runs["FailSlowly", key] == 2
 
 
 def test_the_waiters_of_a_give_up_get_its_unavailable_and_its_do_not_retry(

@@ -152,15 +152,49 @@ class _Seen:
         return None, None
 
 
+class _End:
+    """Settles a run once (its answer to the join table, its waiters woken): when its handler
+    aborts, before gRPC sends the status, or when the handler returns or raises."""
+
+    __slots__ = ("done", "entry", "joining", "scope", "wake")
+
+    def __init__(self, joining: _Joining, scope: tuple[str, str, str], entry: Entry,
+                 wake: type[Any]) -> None:
+        self.joining, self.scope, self.entry, self.wake = joining, scope, entry, wake
+        self.done = False
+
+    def __call__(self, answer: Answer | None, gave_up: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.joining._settle(self.scope, self.entry, answer, gave_up)
+        run = self.entry.signal
+        wake = run.wake if isinstance(run, Run) else None
+        if isinstance(wake, self.wake):  # the kind this server's runs wake their waiters with
+            wake.set()
+
+
+_ABORTED = Exception("aborted")  # what a handler's abort raised, for _Seen.failed
+
+
 class _Recording:
     """The servicer context a handler sees: the real one (or the server interceptor's), with what
-    the handler sets recorded for the run's waiters."""
+    the handler sets recorded for the run's waiters.
 
-    __slots__ = ("_ctx", "seen")
+    ``ended`` is called with the run's answer when the handler aborts, before the abort: gRPC
+    sends an abort's status at once, and a caller that has it may ask again before the handler's
+    frame unwinds, so the join table must know by then that the run ended."""
 
-    def __init__(self, ctx: Any) -> None:
+    __slots__ = ("_ctx", "ended", "seen")
+
+    def __init__(self, ctx: Any, ended: Callable[[Answer | None], None]) -> None:
         self._ctx = ctx
         self.seen = _Seen()
+        self.ended = ended
+
+    def _aborting(self, code: Any, details: Any, trailing: Any) -> None:
+        self.seen.aborted(code, details, trailing)
+        self.ended(self.seen.failed(_ABORTED)[0])
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
@@ -182,12 +216,12 @@ class _SyncRecording(_Recording):
     __slots__ = ()
 
     def abort(self, code: grpc.StatusCode, details: str = "", *more: Any) -> NoReturn:
-        self.seen.aborted(code, details, more[0] if more else ())
+        self._aborting(code, details, more[0] if more else ())
         self._ctx.abort(code, details, *more)
         raise AssertionError("abort() returned")  # it always raises
 
     def abort_with_status(self, status: grpc.Status) -> NoReturn:
-        self.seen.aborted(status.code, status.details, status.trailing_metadata)
+        self._aborting(status.code, status.details, status.trailing_metadata)
         self._ctx.abort_with_status(status)
         raise AssertionError("abort_with_status() returned")
 
@@ -197,7 +231,7 @@ class _AsyncRecording(_Recording):
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Any = ()) -> NoReturn:
-        self.seen.aborted(code, details, trailing_metadata)
+        self._aborting(code, details, trailing_metadata)
         await self._ctx.abort(code, details, trailing_metadata)
         raise AssertionError("abort() returned")
 
@@ -411,7 +445,8 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
 
     def _run(self, scope: tuple[str, str, str], entry: Entry, behavior: Callable[[Any, Any], Any],
              codec: _Codec, request: Any, ctx: Any) -> bytes | None:
-        seen = _SyncRecording(ctx)
+        end = _End(self, scope, entry, _Wake)
+        seen = _SyncRecording(ctx, end)
         answer: Answer | None = None
         gave_up: BaseException | None = None
         try:
@@ -424,10 +459,7 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
             answer, gave_up = seen.seen.failed(exc)
             raise
         finally:
-            self._settle(scope, entry, answer, gave_up)
-            run = entry.signal
-            if isinstance(run, Run) and isinstance(run.wake, _Wake):
-                run.wake.set()
+            end(answer, gave_up)
 
 
 def _plain(behavior: Callable[[Any, Any], Any], codec: _Codec, request: Any, ctx: Any) -> Any:
@@ -519,7 +551,8 @@ class AsyncJoinServerInterceptor(_Joining, aio.ServerInterceptor):
     async def _run(self, scope: tuple[str, str, str], entry: Entry,
                    behavior: Callable[[Any, Any], Awaitable[Any]], codec: _Codec, request: Any,
                    ctx: Any, tab: Tab) -> bytes | None:
-        seen = _AsyncRecording(ctx)
+        end = _End(self, scope, entry, asyncio.Event)
+        seen = _AsyncRecording(ctx, end)
         deadline = tab.deadline
 
         async def run() -> bytes | None:
@@ -543,10 +576,7 @@ class AsyncJoinServerInterceptor(_Joining, aio.ServerInterceptor):
                 answer, gave_up = seen.seen.failed(exc)
                 raise
             finally:
-                self._settle(scope, entry, answer, gave_up)
-                run = entry.signal
-                if isinstance(run, Run) and isinstance(run.wake, asyncio.Event):
-                    run.wake.set()
+                end(answer, gave_up)
 
         if deadline is None:
             return await run()  # no deadline to bound it by: it ends with its caller
