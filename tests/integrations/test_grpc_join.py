@@ -55,8 +55,9 @@ SLOW = 1.0  # seconds a run of Slow takes: longer than the client's attempt time
 TIMEOUT = 0.4  # the askonce client's per-attempt gRPC timeout
 
 
-# An aborting handler's frame unwinds this long after gRPC sent its status (aio sends it at once).
-UNWIND = 0.3
+# How long at most an aborting handler's frame keeps unwinding after its abort, until the test
+# releases it (an aio server sends the status at once; a sync one after the unwind).
+UNWIND = 10.0
 
 
 def method(name: str) -> str:
@@ -74,6 +75,7 @@ class Work:
     def __init__(self) -> None:
         self.runs: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
+        self.unwound = threading.Event()  # lets an aborting handler's frame unwind (FailSlowly)
 
     def run(self, name: str) -> None:
         q = askonce.current()
@@ -109,7 +111,7 @@ def sync_service(work: Work) -> grpc.GenericRpcHandler:
         try:
             ctx.abort(Code.UNAVAILABLE, "failing")
         finally:
-            time.sleep(UNWIND)
+            work.unwound.wait(UNWIND)
 
     def big(request: bytes, ctx: Any) -> bytes:
         work.run("Big")
@@ -165,7 +167,10 @@ def aio_service(work: Work) -> grpc.GenericRpcHandler:
         try:
             await ctx.abort(Code.UNAVAILABLE, "failing")
         finally:
-            await asyncio.sleep(UNWIND)
+            for _ in range(int(UNWIND / 0.01)):
+                if work.unwound.is_set():
+                    break
+                await asyncio.sleep(0.01)
 
     async def big(request: bytes, ctx: Any) -> bytes:
         work.run("Big")
@@ -332,7 +337,12 @@ def test_a_failed_answer_is_not_replayed_so_a_retry_really_runs(callee: Callee) 
 def test_a_retry_after_an_abort_runs_anew_while_the_aborting_handler_still_unwinds(
         callee: Callee) -> None:
     key = new_key()
-    a, b = (plain(callee.url, "FailSlowly", key=key) for _ in range(2))
+    if callee.kind == "sync":  # the control case: its status is sent once the handler unwound
+        callee.work.unwound.set()
+    try:  # a's handler is still unwinding when b comes (aio: a's status was sent at its abort)
+        a, b = (plain(callee.url, "FailSlowly", key=key) for _ in range(2))
+    finally:
+        callee.work.unwound.set()
     assert a.code == b.code == Code.UNAVAILABLE and b.joined is None  # b ran: it joined nothing
     assert callee.work.runs["FailSlowly", key] == 2
 

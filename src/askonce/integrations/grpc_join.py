@@ -164,9 +164,10 @@ class _End:
         self.done = False
 
     def __call__(self, answer: Answer | None, gave_up: BaseException | None = None) -> None:
-        if self.done:
-            return
-        self.done = True
+        with self.joining._lock:  # a handler may abort from a thread of its own
+            if self.done:
+                return
+            self.done = True
         self.joining._settle(self.scope, self.entry, answer, gave_up)
         run = self.entry.signal
         wake = run.wake if isinstance(run, Run) else None
@@ -177,13 +178,19 @@ class _End:
 _ABORTED = Exception("aborted")  # what a handler's abort raised, for _Seen.failed
 
 
+def _later(answer: Answer | None) -> None:
+    """A sync server's abort: the run is settled when the handler has unwound."""
+
+
 class _Recording:
     """The servicer context a handler sees: the real one (or the server interceptor's), with what
     the handler sets recorded for the run's waiters.
 
-    ``ended`` is called with the run's answer when the handler aborts, before the abort: gRPC
-    sends an abort's status at once, and a caller that has it may ask again before the handler's
-    frame unwinds, so the join table must know by then that the run ended."""
+    ``ended`` is called with the run's answer when the handler aborts, before the abort: an aio
+    server sends an abort's status at once, and a caller that has it may ask again before the
+    handler's frame unwinds, so the join table must know by then that the run ended. (A sync
+    server sends it after the unwind: there ``ended`` does nothing, and the run ends as it
+    returns.)"""
 
     __slots__ = ("_ctx", "ended", "seen")
 
@@ -397,6 +404,8 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
     """Sync server; see the module docstring. ``policy``: how long answers are kept, how many,
     how large; ``principal(context) -> str``: who asks (an answer never crosses principals)."""
 
+    _eager = False  # its handlers' aborts are sent at once (on an aio server's threads)
+
     def intercept_service(self, continuation: Any,
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
         return self._handler(continuation(handler_call_details), handler_call_details,
@@ -446,7 +455,7 @@ class JoinServerInterceptor(_Joining, grpc.ServerInterceptor):
     def _run(self, scope: tuple[str, str, str], entry: Entry, behavior: Callable[[Any, Any], Any],
              codec: _Codec, request: Any, ctx: Any) -> bytes | None:
         end = _End(self, scope, entry, _Wake)
-        seen = _SyncRecording(ctx, end)
+        seen = _SyncRecording(ctx, end if self._eager else _later)
         answer: Answer | None = None
         gave_up: BaseException | None = None
         try:
@@ -491,6 +500,7 @@ class AsyncJoinServerInterceptor(_Joining, aio.ServerInterceptor):
         super().__init__(policy=policy, principal=principal)
         self._sync = JoinServerInterceptor(policy=policy, principal=principal)
         self._sync.joins, self._sync._lock = self.joins, self._lock  # one table for both
+        self._sync._eager = True
         self._background: set[asyncio.Task[Any]] = set()  # runs detached from their callers
 
     async def intercept_service(self, continuation: Any,
