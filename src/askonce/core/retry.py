@@ -315,9 +315,6 @@ class RetryState:
         """Before sending an attempt that waits ``limit`` seconds: the seconds its callee is given
         (:func:`attempt_window`), noted so that :meth:`on_failure` reads the callee's answer at that
         deadline as a timeout (:func:`own_deadline`)."""
-        if not joins and (limit is None or grace <= 0):  # attempt_window's first case, inline
-            self.sent = None
-            return limit
         forwarded, self.sent = attempt_window(limit, grace, self.tab.deadline, now, joins)
         return forwarded
 
@@ -349,8 +346,7 @@ class RetryState:
 
     def start(self, now: float) -> Attempt | GiveUp:
         """The first attempt, unless the deadline has already passed."""
-        deadline = self.tab.deadline
-        if deadline is not None and not now + self.policy.min_attempt < deadline:  # _fits, inline
+        if not self._fits(now, 0.0):
             return self._give_up(Why.DEADLINE, True, "deadline")
         layer = self.layer
         first = _FIRST.get(layer)
@@ -445,24 +441,14 @@ class RetryState:
 
     def resume(self, now: float) -> Attempt | GiveUp:
         """After the wait: the next attempt, unless the deadline passed while waiting."""
-        deadline = self.tab.deadline
-        if deadline is not None and not now + self.policy.min_attempt < deadline:  # _fits, inline
+        if not self._fits(now, 0.0):
             return self._give_up(Why.DEADLINE, True, "deadline")
         return Attempt(self.attempt, Hop(self.layer, self.attempt))
 
     def on_success(self, reply: Reply | None, delivery: str = ANSWERED) -> Reply:
         """After a successful attempt: settle what was held; the reply for our own caller."""
-        account = self.tab.account
-        if self.rejoin or delivery in (LOST, LOCAL):
-            self._settle(delivery, reply)
-        else:  # _settle and settle of an answer or a refusal, inline
-            held, self.held = self.held, 0
-            if reply is None:
-                account.release(held)
-            else:
-                budget = reply.budget
-                account.release(budget if budget < held else held)  # min(held, budget)
-        left = account.left
+        self._settle(delivery, reply)
+        left = self.tab.account.left
         return _PLAIN[left] if type(left) is int and 0 <= left < _PLAINS else Reply(left)
 
 
