@@ -217,9 +217,8 @@ class Sim:
     ``wire_text`` serialises every header for real; ``trace`` keeps each question's arrivals.
 
     A subclass (``sim.fidelity.DemoSim``) may override ``_build``, ``_send``, ``_finish``,
-    ``_accept``, ``_target_arrive`` and ``_start``: the hot paths check whether ``_send`` and
-    ``_finish`` are this class's before they write them out. Other private methods are written
-    out where they run and are not points to override.
+    ``_accept``, ``_target_arrive`` and ``_start``, which the hot paths call. Other private
+    methods may be written out where they run and are not points to override.
     """
 
     # A hop without a breaker makes its first attempt without the loop; False: always the loop
@@ -279,8 +278,6 @@ class Sim:
         # A first attempt without a state (``_serve``); False: every state made at once.
         self._stateless = self._plain_send and self._first_without_loop
         self._fast_arrive = self._stateless and not wire_text  # on_arrive's first case
-        # _finish written out in on_reply: not for a subclass's own, nor for runs others join
-        self._plain_finish = type(self)._finish is Sim._finish and not self._join
 
     def _hedging(self) -> Hedging | None:
         """``Policy.hedge``: the layer nearest the target hedges (one hedger per client when that
@@ -631,18 +628,7 @@ class Sim:
             state = c.state
             reply = (self._answered(c, reply) if state is None
                      else state.on_success(reply, ANSWERED))
-            if not self._plain_finish:
-                self._finish(c, True, reply, now)
-                return
-            c.ok, c.reply = True, reply  # _finish, inline
-            q = c.asked
-            if c.parent is None:
-                self.stats.answer(q, True, now)
-            elif not c.accepted:
-                self._soon((now + self._latency, next(self._seq), self._on_reply, c))
-            q.live -= 1
-            if q.live == 0:
-                self.stats.close(q)
+            self._finish(c, True, reply, now)
             return
         self._drive(c, self._tried(child), now)
 
@@ -983,17 +969,9 @@ class Sim:
             self._reply(job, now)
             if self._join:
                 self._ran("target", job, now)
-        else:  # _target_answer(job, job.ok, False, now), inline
-            if self._propagate:
-                budget = job.budget
-                job.reply = _REPLIES[budget] if 0 <= budget < _NREPLIES else Reply(budget)
-            if not job.accepted:  # self._reply(job, now)
-                self._soon((now + self._latency, next(self._seq), self._on_reply, job))
-            if self._join:
-                self._ran("target", job, now)
-        limiter = self.limiter
-        if limiter is not None:  # self._release(job, ok, now)
-            limiter.release(now, now - job.arrived, ok)
+        else:
+            self._target_answer(job, job.ok, False, now)
+        self._release(job, ok, now)
         if self.world.servers is not None:
             self.busy -= 1
             queue = self.queue
